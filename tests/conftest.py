@@ -1,0 +1,92 @@
+"""Session fixtures: the real embedded services, started by the same launcher as `herald up`.
+
+- `stack`: Kafka (Tansu), Redis and the ClickHouse server on free ports, migrations applied,
+  for the whole session (no jobs: tests start the processes they exercise).
+- `settings`: HeraldSettings for one test: its own topic prefix (every topic of
+  infra/topics.toml created under it) and its own file-backed schema registry.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from herald.config import (
+    ClickHouseSettings,
+    HeraldSettings,
+    KafkaSettings,
+    RedisSettings,
+    RegistrySettings,
+    RunSettings,
+)
+from infra.services import Ctx
+from infra.stack import Stack
+
+
+class RunningStack:
+    """The embedded services of a test session and the settings that reach them."""
+
+    def __init__(self, stack: Stack, ctx: Ctx) -> None:
+        self.stack = stack
+        self.ctx = ctx
+        env = ctx.child_env()
+        self.env = env
+        self.settings = HeraldSettings(
+            kafka=KafkaSettings(bootstrap_servers=env["HERALD_KAFKA_BOOTSTRAP_SERVERS"]),
+            redis=RedisSettings(url=env["HERALD_REDIS_URL"]),
+            clickhouse=ClickHouseSettings(dsn=env["HERALD_CLICKHOUSE_DSN"]),
+            registry=RegistrySettings(path=Path(env["HERALD_REGISTRY_PATH"])),
+            run=RunSettings(run_dir=ctx.run_dir),
+        )
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningStack]:
+    run_dir = tmp_path_factory.mktemp("herald-run")
+    launcher = Stack(run_dir, jobs=[])
+    ctx = launcher.start()
+    try:
+        yield RunningStack(launcher, ctx)
+    finally:
+        launcher.stop()
+
+
+def unique_prefix() -> str:
+    return f"t{uuid.uuid4().hex[:10]}."
+
+
+@pytest.fixture
+def settings(stack: RunningStack, tmp_path: Path) -> HeraldSettings:
+    """Settings for one test: unique topic prefix with every topic created, own registry."""
+    from infra.topics import create_topics
+
+    kafka = stack.settings.kafka.model_copy(update={"topic_prefix": unique_prefix()})
+    create_topics(kafka)
+    return stack.settings.model_copy(
+        update={"kafka": kafka, "registry": RegistrySettings(path=tmp_path / "registry")}
+    )
+
+
+def child_env(settings: HeraldSettings) -> dict[str, str]:
+    """Environment for a subprocess (a Bytewax job, the API) that should use `settings`."""
+    env = {
+        "HERALD_KAFKA_BOOTSTRAP_SERVERS": settings.kafka.bootstrap_servers,
+        "HERALD_KAFKA_TOPIC_PREFIX": settings.kafka.topic_prefix,
+        "HERALD_REDIS_URL": settings.redis.url,
+        "HERALD_CLICKHOUSE_DSN": settings.clickhouse.dsn,
+        "HERALD_CLICKHOUSE_DATABASE": settings.clickhouse.database,
+        "HERALD_REGISTRY_PATH": str(settings.registry.path),
+        "HERALD_RUN_DIR": str(settings.run.run_dir),
+    }
+    return env
+
+
+@pytest.fixture
+def subprocess_env(settings: HeraldSettings) -> dict[str, str]:
+    """os.environ plus `child_env(settings)`: pass as `env=` to a job started by a test."""
+    import os
+
+    return {**os.environ, **child_env(settings)}

@@ -1,0 +1,243 @@
+"""Avro (de)serialization in the Confluent wire format.
+
+    byte 0      magic byte 0
+    bytes 1-4   schema id, 4-byte big-endian (global id from the schema registry)
+    bytes 5-    Avro binary body (no container header)
+
+`AvroSerializer` and `AvroDeserializer` are plain callables, built once per job and called on every
+record: schemas are parsed once (per name, per writer id) and nothing is re-parsed per record.
+Bad records raise `SerdeError(reason, detail)`; callers turn that into a dead-letter record.
+Registry outages raise `RegistryError` (infrastructure, not bad data).
+
+Reason codes (stable; they end up in dead letters):
+
+    empty_record        value is None or b""
+    bad_magic_byte      first byte is not 0
+    truncated           shorter than the 5-byte header, or the Avro body ends early
+    unknown_schema_id   the registry has no schema with the id in the header
+    schema_violation    the record does not match the schema (encode), or the body is not
+                        valid Avro for its writer schema (decode)
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import struct
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from fastavro import parse_schema, schemaless_reader, schemaless_writer
+from fastavro.validation import validate
+
+from herald.errors import SerdeError
+from schemas import canonical_json, load_schema, schema_text
+from schemas.registry import SchemaNotFoundError, SchemaRegistry
+
+__all__ = ["MAGIC_BYTE", "AvroDeserializer", "AvroSerializer", "frame", "parse_header"]
+
+MAGIC_BYTE = 0
+_HEADER = struct.Struct(">bI")
+HEADER_SIZE = _HEADER.size  # 5
+
+
+def frame(schema_id: int, body: bytes) -> bytes:
+    """Prefix an Avro body with the Confluent header for `schema_id`."""
+    return _HEADER.pack(MAGIC_BYTE, schema_id) + body
+
+
+def parse_header(data: bytes | None) -> int:
+    """The schema id in a framed value; raises SerdeError for empty/short/bad-magic values."""
+    if not data:
+        raise SerdeError("empty_record", "value is empty or null")
+    if data[0] != MAGIC_BYTE:
+        raise SerdeError("bad_magic_byte", f"first byte is {data[0]}, expected {MAGIC_BYTE}")
+    if len(data) < HEADER_SIZE:
+        raise SerdeError("truncated", f"{len(data)} bytes, shorter than the 5-byte header")
+    return int.from_bytes(data[1:HEADER_SIZE], "big")
+
+
+class AvroSerializer:
+    """`record dict -> framed bytes` for schema `schema_name`, registered under `subject`.
+
+    Registration happens once, on the first call (so building a serializer needs no registry
+    round-trip). With `validate=True` (default) every record is checked against the schema first,
+    so a missing required field, a wrong type (including bool/float for an int) or an unknown
+    field raises `SerdeError("schema_violation")`. `validate=False` skips that check (about half
+    the cost) for producers whose records are built by trusted code; fastavro then still rejects
+    missing fields and most wrong types, but may coerce bool/float into int.
+
+    Timestamps may be given as tz-aware datetimes or epoch milliseconds. Thread-safe.
+    """
+
+    def __init__(
+        self,
+        registry: SchemaRegistry,
+        subject: str,
+        schema_name: str,
+        *,
+        validate: bool = True,
+    ) -> None:
+        self.registry = registry
+        self.subject = subject
+        self.schema_name = schema_name
+        self.validate = validate
+        self._schema = load_schema(schema_name)
+        self._text = schema_text(schema_name)
+        self._header: bytes | None = None
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"AvroSerializer(subject={self.subject!r}, schema={self.schema_name!r})"
+
+    @property
+    def schema_id(self) -> int:
+        """The registered id of this serializer's schema (registers on first access)."""
+        return int.from_bytes(self._ensure_header()[1:], "big")
+
+    def _ensure_header(self) -> bytes:
+        header = self._header
+        if header is None:
+            with self._lock:
+                if self._header is None:
+                    schema_id = self.registry.register(self.subject, self._text)
+                    self._header = _HEADER.pack(MAGIC_BYTE, schema_id)
+                header = self._header
+        return header
+
+    def __call__(self, record: Mapping[str, Any]) -> bytes:
+        """Encode `record`; raises `SerdeError("schema_violation", detail)` when it doesn't fit."""
+        header = self._header or self._ensure_header()
+        if self.validate:
+            _validate_record(record, self._schema)
+        buf = io.BytesIO()
+        buf.write(header)
+        try:
+            schemaless_writer(buf, self._schema, record, strict_allow_default=True)
+        except (TypeError, ValueError, AttributeError, KeyError, OverflowError) as exc:
+            raise SerdeError("schema_violation", f"{self.schema_name}: {exc}") from exc
+        return buf.getvalue()
+
+
+def _validate_record(record: Mapping[str, Any], schema: Any) -> None:
+    """Raise `SerdeError("schema_violation")` unless fastavro's validator accepts `record`.
+
+    The detail names the field and the types involved, never the value (values may be message
+    bodies, OTP codes or phone numbers, and details end up in dead letters and logs).
+    """
+    try:
+        ok = validate(record, schema, raise_errors=False)
+    except Exception:  # fastavro may raise instead of returning False on odd inputs
+        ok = False
+    if not ok:
+        raise SerdeError("schema_violation", _explain(record, schema, schema.get("name", "")))
+
+
+def _explain(datum: Any, schema: Any, path: str) -> str:
+    """A value-free description of the first place `datum` does not fit `schema`."""
+    if isinstance(schema, dict) and schema.get("type") == "record":
+        if not isinstance(datum, Mapping):
+            return f"{path}: expected record {schema['name']}, got {type(datum).__name__}"
+        names = {f["name"] for f in schema["fields"]}
+        extra = sorted(str(k) for k in datum if k not in names)
+        if extra:
+            return f"{path}: unknown field(s) {', '.join(extra)}"
+        for field in schema["fields"]:
+            name, ftype = field["name"], field["type"]
+            if name not in datum:
+                if "default" in field:
+                    continue
+                return f"{path}.{name}: missing required field"
+            if not _fits(datum[name], ftype):
+                return _explain(datum[name], ftype, f"{path}.{name}")
+        return f"{path}: does not match the schema"
+    return f"{path}: expected {_type_name(schema)}, got {type(datum).__name__}"
+
+
+def _fits(datum: Any, schema: Any) -> bool:
+    try:
+        return bool(validate(datum, schema, raise_errors=False))
+    except Exception:
+        return False
+
+
+def _type_name(schema: Any) -> str:
+    if isinstance(schema, list):
+        return " | ".join(_type_name(s) for s in schema)
+    if isinstance(schema, dict):
+        if "logicalType" in schema:
+            return str(schema["logicalType"])
+        kind = schema.get("type")
+        if kind == "array":
+            return f"array<{_type_name(schema['items'])}>"
+        if kind == "map":
+            return f"map<{_type_name(schema['values'])}>"
+        return str(schema.get("name") or kind)
+    return str(schema)
+
+
+class AvroDeserializer:
+    """`framed bytes -> record dict`, writer schema looked up by the id in the header.
+
+    With `reader_schema_name` the record is resolved to that schema (Avro schema resolution:
+    added fields get their defaults, removed fields are dropped), so a consumer sees one shape
+    whatever version produced the record. Without it the record has the writer's shape.
+    Writer schemas are fetched and parsed once per id. Timestamps come back as tz-aware UTC
+    datetimes. Thread-safe.
+    """
+
+    def __init__(self, registry: SchemaRegistry, reader_schema_name: str | None = None) -> None:
+        self.registry = registry
+        self.reader_schema_name = reader_schema_name
+        self._reader_text = (
+            canonical_json(schema_text(reader_schema_name)) if reader_schema_name else None
+        )
+        # schema id -> (parsed writer schema, parsed reader schema or None)
+        self._schemas: dict[int, tuple[Any, Any]] = {}
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"AvroDeserializer(reader_schema={self.reader_schema_name!r})"
+
+    def _schemas_for(self, schema_id: int) -> tuple[Any, Any]:
+        with self._lock:
+            cached = self._schemas.get(schema_id)
+            if cached is not None:
+                return cached
+            try:
+                text = self.registry.get_schema(schema_id)
+            except SchemaNotFoundError as exc:
+                raise SerdeError("unknown_schema_id", f"schema id {schema_id}: {exc}") from exc
+            try:
+                writer = parse_schema(json.loads(text), named_schemas={})
+            except Exception as exc:  # registry returned something that is not Avro
+                raise SerdeError("unknown_schema_id", f"schema id {schema_id}: {exc}") from exc
+            reader = None
+            if self._reader_text is not None and canonical_json(text) != self._reader_text:
+                reader = parse_schema(json.loads(self._reader_text), named_schemas={})
+            self._schemas[schema_id] = (writer, reader)
+            return writer, reader
+
+    def __call__(self, data: bytes | None) -> dict[str, Any]:
+        """Decode one framed value; raises `SerdeError` with one of the module's reason codes."""
+        schema_id = parse_header(data)
+        assert data is not None  # parse_header rejected None
+        schemas = self._schemas.get(schema_id) or self._schemas_for(schema_id)
+        buf = io.BytesIO(data)
+        buf.seek(HEADER_SIZE)
+        try:
+            record = schemaless_reader(buf, schemas[0], schemas[1])
+        except (EOFError, IndexError, StopIteration) as exc:
+            # fastavro's C reader signals "read past the end" with IndexError
+            raise SerdeError("truncated", f"schema id {schema_id}: body ends early") from exc
+        except Exception as exc:  # fastavro raises assorted errors on garbage input
+            raise SerdeError("schema_violation", f"schema id {schema_id}: {exc!r}") from exc
+        if buf.tell() != len(data):
+            raise SerdeError(
+                "schema_violation",
+                f"schema id {schema_id}: {len(data) - buf.tell()} bytes after the record",
+            )
+        if not isinstance(record, dict):
+            raise SerdeError("schema_violation", f"schema id {schema_id}: not a record")
+        return record

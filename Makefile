@@ -1,0 +1,50 @@
+# Herald: two commands on a fresh machine with Python 3.11, pip and make.
+#   make run    install into .venv and start the whole platform (Ctrl-C stops all of it)
+#   make test   install into .venv and run the whole test suite
+# Everything is installed from requirements.lock (exact versions) into a local virtualenv:
+# no root, no Docker, nothing pre-started.
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: install run test bench lint lock clean help
+
+help:
+	@echo "make run     start the whole platform on embedded defaults (Ctrl-C stops it)"
+	@echo "make test    run the whole test suite against real embedded services"
+	@echo "make bench   run the benchmark scenarios and write bench/results/REPORT.md"
+	@echo "make lint    ruff and mypy"
+	@echo "make lock    re-pin requirements.lock from pyproject.toml"
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml requirements.lock
+	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] in ((3, 11), (3, 12)), "Herald needs Python 3.11 or 3.12 (Bytewax 0.21.1)"'
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -r requirements.lock
+	$(BIN)/python -m pip install --quiet --no-deps -e .
+	@touch $(STAMP)
+
+run: install
+	$(BIN)/herald up
+
+test: install
+	$(BIN)/python -m pytest
+
+bench: install
+	$(BIN)/python -m bench
+
+lint: install
+	$(BIN)/python -m ruff check . && $(BIN)/python -m mypy herald infra schemas sources sinks dataflows api
+
+lock:
+	rm -rf /tmp/herald-lock-venv && $(PYTHON) -m venv /tmp/herald-lock-venv
+	/tmp/herald-lock-venv/bin/python -m pip install --quiet --upgrade pip
+	/tmp/herald-lock-venv/bin/python -m pip install --quiet ".[test]"
+	/tmp/herald-lock-venv/bin/python -m pip freeze --exclude-editable | grep -v '^herald' > requirements.lock
+
+clean:
+	rm -rf $(VENV) .herald .pytest_cache

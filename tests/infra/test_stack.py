@@ -1,0 +1,103 @@
+"""The launcher behind `herald up/status/down`, driven as a user would, on real processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from herald.errors import AlreadyRunningError
+from infra.process import pid_alive, port_open
+from infra.services import SERVICES
+from infra.stack import Stack, read_state, stack_status
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def herald(*args: str, run_dir: Path, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "herald.cli", *args, "--run-dir", str(run_dir)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+    )
+
+
+def test_second_start_is_refused_and_stop_leaves_nothing(tmp_path: Path) -> None:
+    stack = Stack(tmp_path, services=SERVICES[:2], jobs=[])  # kafka, redis
+    ctx = stack.start()
+    try:
+        with pytest.raises(AlreadyRunningError, match="already running"):
+            Stack(tmp_path, services=SERVICES[:2], jobs=[]).start()
+        state, components = stack_status(tmp_path)
+        assert state is not None and state["ready"]
+        assert {c.name for c in components} == {"kafka", "redis"}
+        assert all(c.healthy for c in components)
+        pids = [c.pid for c in components]
+    finally:
+        stack.stop()
+    assert not any(pid_alive(pid) for pid in pids if pid)
+    assert not any(port_open(ctx.host, port) for port in ctx.ports.values())
+    assert read_state(tmp_path) is None
+
+
+def test_cli_up_status_down(tmp_path: Path) -> None:
+    """`herald up --detach` → `status --json` exits 0 with addresses → `down` leaves nothing."""
+    up = herald("up", "--detach", run_dir=tmp_path)
+    assert up.returncode == 0, up.stdout + up.stderr
+    try:
+        again = herald("up", run_dir=tmp_path)
+        assert again.returncode == 1 and "already running" in again.stderr
+
+        status = herald("status", "--json", run_dir=tmp_path)
+        assert status.returncode == 0, status.stdout + status.stderr
+        doc = json.loads(status.stdout)
+        assert doc["healthy"] is True
+        for name in ("kafka", "redis", "clickhouse"):
+            assert doc["services"][name]["healthy"], doc["services"][name]
+            assert doc["services"][name]["address"]
+        pids = [s["pid"] for s in doc["services"].values()]
+        ports = read_state(tmp_path)["ports"].values()  # type: ignore[index]
+    finally:
+        down = herald("down", run_dir=tmp_path)
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert not any(pid_alive(pid) for pid in pids)
+    assert not any(port_open("127.0.0.1", port) for port in ports)
+    after = herald("status", run_dir=tmp_path)
+    assert after.returncode == 1 and "no Herald stack" in after.stdout
+
+
+def test_foreground_up_stops_everything_on_ctrl_c(tmp_path: Path) -> None:
+    """What `make run` does: `herald up` in the foreground, then SIGINT."""
+    import signal
+    import time
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "herald.cli", "up", "--run-dir", str(tmp_path)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        state = read_state(tmp_path)
+        if state and state.get("ready"):
+            break
+        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+        time.sleep(0.2)
+    state = read_state(tmp_path)
+    assert state and state["ready"]
+    pids = [c["pid"] for c in state["components"].values()]
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out
+    assert "stopped" in out
+    assert not any(pid_alive(pid) for pid in pids)
+    assert not any(port_open("127.0.0.1", p) for p in state["ports"].values())
+    assert not os.path.exists(tmp_path / "state.json")

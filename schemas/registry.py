@@ -18,7 +18,7 @@ import fcntl
 import json
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -184,14 +184,20 @@ class FileRegistry:
 class ConfluentRegistry:
     """A Confluent-compatible registry at `url`, via `confluent_kafka.schema_registry`.
 
-    `basic_auth_user_info` is "user:password". Every client error is raised as `RegistryError`
+    `basic_auth_user_info` is "user:password"; `client_conf` adds SchemaRegistryClient settings
+    (e.g. `max.retries`, `ssl.ca.location`). Every client error is raised as `RegistryError`
     (`SchemaNotFoundError` for an unknown id).
     """
 
-    def __init__(self, url: str, basic_auth_user_info: str | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        basic_auth_user_info: str | None = None,
+        client_conf: Mapping[str, Any] | None = None,
+    ) -> None:
         from confluent_kafka.schema_registry import SchemaRegistryClient
 
-        conf: dict[str, Any] = {"url": url}
+        conf: dict[str, Any] = {"url": url, **(client_conf or {})}
         if basic_auth_user_info:
             conf["basic.auth.user.info"] = basic_auth_user_info
         self.url = url

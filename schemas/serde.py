@@ -116,7 +116,8 @@ class AvroSerializer:
         try:
             schemaless_writer(buf, self._schema, record, strict_allow_default=True)
         except (TypeError, ValueError, AttributeError, KeyError, OverflowError) as exc:
-            raise SerdeError("schema_violation", f"{self.schema_name}: {exc}") from exc
+            detail = _explain(record, self._schema, self._schema["name"])
+            raise SerdeError("schema_violation", f"{detail} ({exc})") from exc
         return buf.getvalue()
 
 

@@ -1,0 +1,331 @@
+"""Kafka output: an idempotent producer sink that never loses a record silently.
+
+    KafkaRecord(topic, key, value)          what flows into the sink
+    KafkaProducerSink(kafka, parts=1)       Bytewax sink; items are (routing_key, KafkaRecord)
+    kafka_output(step_id, up, sink)         operator: key by record key, then produce
+    encode_avro(step_id, up, ...)           operator: dict -> KafkaRecord | dead-letter dict
+    to_dead_letter_topic(step_id, up, ...)  operator: dead-letter dict -> KafkaRecord
+    dead_letter(...)                        builds a `dead_letter` record (schemas/dead_letter)
+
+Guarantee (see sinks/base.py for the Bytewax ordering it relies on): at-least-once. Records are
+handed to librdkafka (acks=all, idempotence on) without waiting; every epoch boundary
+(`snapshot()`) and `close()` block until all of them are acknowledged. A record the broker
+refused or that timed out (`message.timeout.ms`) makes the sink raise `DeliveryError` from the
+next `write_batch`, `snapshot` or `close`: the worker fails, the epoch is not committed, and a
+restart with recovery re-reads and re-produces it. Duplicates after a restart are expected;
+consumers deduplicate by the record's id. Without recovery configured, a failure still stops
+the job loudly; nothing is acknowledged that was not written.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from functools import partial
+from typing import Any, cast
+
+import bytewax.operators as op
+import orjson
+from bytewax.dataflow import Stream, operator
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
+
+from herald.config import KafkaSettings
+from herald.errors import DeliveryError, SerdeError
+from infra.topics import load_topics, physical_subject
+from schemas.registry import SchemaRegistry
+from schemas.serde import AvroSerializer
+from sinks.base import DeliveryTracker, EpochFlushPartition, EpochFlushSink, retry_while_full
+
+__all__ = [
+    "DEAD_LETTER_TOPIC",
+    "EncodeOut",
+    "KafkaProducerSink",
+    "KafkaRecord",
+    "dead_letter",
+    "encode_avro",
+    "kafka_output",
+    "to_dead_letter_topic",
+    "topic_serializer",
+]
+
+log = logging.getLogger(__name__)
+
+DEAD_LETTER_TOPIC = "herald.dead-letters"
+# Below the broker's default message.max.bytes (1 MiB) with room for headers and framing.
+MAX_RECORD_BYTES = 1_000_000
+_DETAIL_MAX = 500
+
+DEFAULT_PRODUCER_CONFIG: dict[str, str | int | bool] = {
+    "acks": "all",
+    "enable.idempotence": True,
+    "linger.ms": 5,
+    "batch.num.messages": 10_000,
+    "batch.size": 1_000_000,
+    "queue.buffering.max.messages": 200_000,
+    "queue.buffering.max.kbytes": 262_144,
+    "message.timeout.ms": 120_000,
+    "allow.auto.create.topics": False,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class KafkaRecord:
+    """One record to produce. `topic` is the physical name (prefix applied)."""
+
+    topic: str
+    key: str | None
+    value: bytes | None
+
+
+class KafkaProducerSink(EpochFlushSink[KafkaRecord]):
+    """Produce `KafkaRecord`s; items are `(routing_key, KafkaRecord)` (see `kafka_output`).
+
+    Each of the `parts` partitions owns one `confluent_kafka.Producer` (acks=all, idempotent).
+    `producer_config` overrides `DEFAULT_PRODUCER_CONFIG`. `flush_timeout` bounds how long an
+    epoch boundary may wait for acknowledgements (default: message.timeout.ms + 10 s, after which
+    librdkafka has reported every record either way); `max_block` bounds backpressure waits.
+    """
+
+    def __init__(
+        self,
+        kafka: KafkaSettings,
+        *,
+        parts: int = 1,
+        producer_config: Mapping[str, str | int | bool] | None = None,
+        flush_timeout: float | None = None,
+        max_block: float = 60.0,
+    ) -> None:
+        super().__init__(parts)
+        self.config: dict[str, str | int | bool] = {
+            **kafka.client_config(),
+            **DEFAULT_PRODUCER_CONFIG,
+            **(producer_config or {}),
+        }
+        timeout_ms = int(self.config["message.timeout.ms"])
+        self.flush_timeout = flush_timeout if flush_timeout else timeout_ms / 1000 + 10
+        self.max_block = max_block
+
+    def build_writer(self, step_id: str, part: str) -> _ProducerPartition:
+        """Called by Bytewax once per partition on its primary worker."""
+        config = {**self.config, "client.id": f"herald-{step_id}-{part}"}
+        return _ProducerPartition(f"{step_id}/{part}", config, self.flush_timeout, self.max_block)
+
+
+class _ProducerPartition(EpochFlushPartition[KafkaRecord]):
+    """Owns one Producer; see the module docstring for the guarantee."""
+
+    def __init__(
+        self, name: str, config: dict[str, Any], flush_timeout: float, max_block: float
+    ) -> None:
+        self._name = name
+        self._tracker = DeliveryTracker(name)
+        self._producer = Producer({**config, "error_cb": self._on_error})
+        self._flush_timeout = flush_timeout
+        self._max_block = max_block
+        self._last_warning = 0.0
+
+    def _on_error(self, err: KafkaError) -> None:
+        if err.fatal():
+            log.error("kafka_sink.fatal sink=%s code=%s", self._name, err.name())
+            self._tracker.fail(f"fatal producer error {err.name()}: {err.str()}")
+        elif time.monotonic() - self._last_warning > 10:  # librdkafka retries these itself
+            self._last_warning = time.monotonic()
+            log.warning("kafka_sink.client_error sink=%s code=%s", self._name, err.name())
+
+    def _on_delivery(self, err: KafkaError | None, msg: Message) -> None:
+        if err is None:
+            self._tracker.delivered(None)
+        else:
+            self._tracker.delivered(err.name(), f"topic={msg.topic()}")
+
+    def _produce(self, record: KafkaRecord) -> None:
+        self._producer.produce(
+            record.topic, record.value, record.key, on_delivery=self._on_delivery
+        )
+
+    def submit(self, items: list[KafkaRecord]) -> None:
+        """Hand every item to librdkafka; waits (bounded) only while its queue is full."""
+        self._tracker.raise_if_failed()
+        for record in items:
+            try:
+                retry_while_full(
+                    partial(self._produce, record),
+                    self._producer.poll,
+                    max_block=self._max_block,
+                    what=f"kafka sink {self._name}",
+                )
+            except KafkaException as exc:  # refused locally: too large, unknown partition...
+                err = exc.args[0] if exc.args else exc
+                code = err.name() if isinstance(err, KafkaError) else str(err)
+                raise DeliveryError(f"{self._name}: topic={record.topic} {code}") from exc
+            self._tracker.sent()
+        self._producer.poll(0)
+
+    def flush(self) -> None:
+        """Block until librdkafka has acknowledged or failed every record; raise on failures."""
+        deadline = time.monotonic() + self._flush_timeout
+        while self._producer.flush(1.0) > 0 or self._tracker.in_flight > 0:
+            if time.monotonic() > deadline:
+                raise DeliveryError(
+                    f"{self._name}: {self._tracker.in_flight} record(s) unacknowledged "
+                    f"after {self._flush_timeout:.0f}s"
+                )
+        self._tracker.raise_if_failed()
+
+
+def _routing_key(record: KafkaRecord) -> str:
+    return record.key if record.key is not None else record.topic
+
+
+@operator
+def kafka_output(step_id: str, up: Stream[KafkaRecord], sink: KafkaProducerSink) -> None:
+    """Produce every record of `up`; records with the same key go through the same producer."""
+    keyed = op.key_on("route", up, _routing_key)
+    op.output("produce", keyed, sink)
+
+
+def dead_letter(
+    *,
+    source_topic: str,
+    reason: str,
+    detail: str,
+    job: str,
+    partition: int = -1,
+    offset: int = -1,
+    key: bytes | str | None = None,
+    value: bytes | None = None,
+    attempts: int = 1,
+    delivery_id: str | None = None,
+    expire_at: datetime | None = None,
+    failed_at: datetime | None = None,
+) -> dict[str, Any]:
+    """A `dead_letter` record (schemas/dead_letter.avsc).
+
+    `dead_letter_id` is deterministic when the Kafka coordinates are known (so a re-processed
+    record yields the same dead letter), random otherwise. `detail` is truncated; callers must
+    keep message bodies, OTP codes and phone numbers out of it.
+    """
+    if partition >= 0:
+        dead_letter_id = f"{job}:{source_topic}:{partition}:{offset}"
+    else:
+        dead_letter_id = f"{job}:{uuid.uuid4().hex}"
+    return {
+        "dead_letter_id": dead_letter_id,
+        "source_topic": source_topic,
+        "partition": partition,
+        "offset": offset,
+        "key": key.encode() if isinstance(key, str) else key,
+        "value": value,
+        "reason": reason,
+        "detail": detail[:_DETAIL_MAX],
+        "job": job,
+        "failed_at": failed_at or datetime.now(UTC),
+        "attempts": attempts,
+        "delivery_id": delivery_id,
+        "expire_at": expire_at,
+    }
+
+
+def topic_serializer(
+    kafka: KafkaSettings, registry: SchemaRegistry, logical_topic: str
+) -> AvroSerializer:
+    """The serializer for a topic of infra/topics.toml (its schema, its prefixed subject)."""
+    spec = load_topics()[logical_topic]
+    return AvroSerializer(registry, physical_subject(spec, kafka), spec.schema)
+
+
+@dataclass(frozen=True)
+class EncodeOut:
+    """Records ready to produce, and dead letters for values that could not be encoded."""
+
+    oks: Stream[KafkaRecord]
+    errs: Stream[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class _Encoder:
+    serializer: Callable[[Mapping[str, Any]], bytes]
+    topic: str
+    key: Callable[[Mapping[str, Any]], str | None]
+    job: str
+    max_record_bytes: int
+
+    def __call__(self, value: Mapping[str, Any]) -> KafkaRecord | dict[str, Any]:
+        key = self.key(value)
+        try:
+            data = self.serializer(value)
+        except SerdeError as exc:
+            log.warning("encode.failed job=%s topic=%s reason=%s", self.job, self.topic, exc.reason)
+            body = orjson.dumps(value, default=str)
+            return dead_letter(
+                source_topic=self.topic, reason="encode_failed", job=self.job, key=key,
+                value=body, detail=f"{exc.reason}: {exc.detail}",
+            )  # fmt: skip
+        if len(data) > self.max_record_bytes:
+            log.warning(
+                "encode.too_large job=%s topic=%s bytes=%d", self.job, self.topic, len(data)
+            )
+            return dead_letter(
+                source_topic=self.topic, reason="record_too_large", job=self.job, key=key,
+                detail=f"{len(data)} bytes > {self.max_record_bytes}",
+            )  # fmt: skip
+        return KafkaRecord(self.topic, key, data)
+
+
+@operator
+def encode_avro(
+    step_id: str,
+    up: Stream[Mapping[str, Any]],
+    *,
+    serializer: Callable[[Mapping[str, Any]], bytes],
+    topic: str,
+    key: Callable[[Mapping[str, Any]], str | None],
+    job: str,
+    max_record_bytes: int = MAX_RECORD_BYTES,
+) -> EncodeOut:
+    """Encode dicts for physical `topic`; values that don't fit become dead letters.
+
+    A schema violation yields reason `encode_failed` with the record as JSON in `value` (for
+    inspection; not replayable as is); an oversized record yields `record_too_large`.
+    """
+    encoder = _Encoder(serializer, topic, key, job, max_record_bytes)
+    results = op.map("encode", up, encoder)
+    split = op.branch("split", results, lambda r: isinstance(r, KafkaRecord))
+    oks = cast(Stream[KafkaRecord], split.trues)
+    errs = cast(Stream[dict[str, Any]], split.falses)
+    return EncodeOut(oks, errs)
+
+
+def _dead_letter_record(
+    serializer: AvroSerializer, topic: str, letter: dict[str, Any]
+) -> KafkaRecord:
+    log.warning(
+        "dead_letter.emitted job=%s reason=%s source_topic=%s partition=%s offset=%s",
+        letter["job"], letter["reason"], letter["source_topic"], letter["partition"],
+        letter["offset"],
+    )  # fmt: skip
+    data = serializer(letter)  # a dead letter that cannot be encoded is a bug: raise
+    if len(data) > MAX_RECORD_BYTES and letter.get("value") is not None:
+        size = len(letter["value"])
+        detail = f"{letter['detail']} (value dropped: {size} B)"
+        letter = {**letter, "value": None, "detail": detail}
+        data = serializer(letter)
+    return KafkaRecord(topic, letter["source_topic"], data)
+
+
+@operator
+def to_dead_letter_topic(
+    step_id: str,
+    up: Stream[dict[str, Any]],
+    *,
+    kafka: KafkaSettings,
+    registry: SchemaRegistry,
+) -> Stream[KafkaRecord]:
+    """Encode dead-letter dicts for herald.dead-letters (key = source topic)."""
+    serializer = topic_serializer(kafka, registry, DEAD_LETTER_TOPIC)
+    topic = kafka.topic(DEAD_LETTER_TOPIC)
+    return op.map("encode", up, partial(_dead_letter_record, serializer, topic))

@@ -1,0 +1,348 @@
+"""Kafka input: partitions assigned without a consumer group, offsets kept in Bytewax snapshots.
+
+    KafkaMessage                              raw record: coordinates, key/value bytes, timestamp
+    KafkaSource(kafka, topics, ...)           Bytewax source, one partition per topic-partition
+    decode_avro(step_id, up, deserializer, job)          operator -> DecodeOut(oks, errs)
+    kafka_avro_input(step_id, flow, settings=..., ...)   operator: source + decode in one line
+
+Positions: no group is joined and nothing is committed to Kafka (Tansu joins groups slowly and
+Bytewax owns the position anyway). Each partition's snapshot is the next offset to read; a job
+restarted with recovery resumes at the offset of its last committed epoch and re-reads what came
+after it (at-least-once).
+
+Errors: end of partition is not an error (it ends the partition only with `stop_at_end`, for
+tests and bounded replays); fatal client errors and permanent ones (e.g. topic authorization)
+raise `InfraError`; transient ones (broker down, leader moving) are logged and librdkafka
+retries them. Undecodable records become dead letters in `decode_avro`, never exceptions.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal, cast
+
+import bytewax.operators as op
+from bytewax.dataflow import Dataflow, Stream, operator
+from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    OFFSET_END,
+    Consumer,
+    KafkaError,
+    Message,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient
+
+from herald.config import HeraldSettings, KafkaSettings
+from herald.errors import InfraError, SerdeError
+from schemas.registry import SchemaRegistry, make_registry
+from schemas.serde import AvroDeserializer
+from sinks.kafka import dead_letter
+
+__all__ = [
+    "DecodeOut",
+    "Decoded",
+    "KafkaMessage",
+    "KafkaSource",
+    "decode_avro",
+    "kafka_avro_input",
+]
+
+log = logging.getLogger(__name__)
+
+StartAt = Literal["earliest", "latest"]
+
+# Not retriable by waiting: the job cannot make progress on this partition.
+_PERMANENT = frozenset(
+    {
+        KafkaError.TOPIC_AUTHORIZATION_FAILED,
+        KafkaError.GROUP_AUTHORIZATION_FAILED,
+        KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+        KafkaError._UNKNOWN_PARTITION,
+        KafkaError._SSL,
+        KafkaError._AUTHENTICATION,
+    }
+)
+
+DEFAULT_CONSUMER_CONFIG: dict[str, str | int | bool] = {
+    "enable.auto.commit": False,
+    "enable.auto.offset.store": False,
+    # Where to go when a resumed offset no longer exists (deleted by retention).
+    "auto.offset.reset": "earliest",
+    "fetch.wait.max.ms": 100,
+    "queued.max.messages.kbytes": 16_384,
+    "allow.auto.create.topics": False,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class KafkaMessage:
+    """One record as read from Kafka. `timestamp_ms` is the record's create/log-append time."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    timestamp_ms: int | None = None
+
+    @property
+    def timestamp(self) -> datetime | None:
+        """The record timestamp as a tz-aware UTC datetime (Bytewax clocks need tz-aware)."""
+        if self.timestamp_ms is None:
+            return None
+        return datetime.fromtimestamp(self.timestamp_ms / 1000, UTC)
+
+    def dead_letter(self, reason: str, detail: str, job: str, **extra: Any) -> dict[str, Any]:
+        """A dead letter carrying this record's coordinates and raw bytes, unchanged."""
+        return dead_letter(
+            source_topic=self.topic, partition=self.partition, offset=self.offset,
+            key=self.key, value=self.value, reason=reason, detail=detail, job=job, **extra,
+        )  # fmt: skip
+
+
+class KafkaSource(FixedPartitionedSource[KafkaMessage, int | None]):
+    """Read physical `topics`; every topic-partition is a Bytewax partition.
+
+    `start_at` applies when a partition has no snapshot yet. `batch_size` bounds one
+    `consume()`; `poll_timeout` is how long one poll may block the worker (0: never);
+    `idle_wait` is how long an empty partition sleeps before the next poll. `stop_at_end` ends
+    each partition at its end as seen by the consumer (tests, bounded replays).
+    `consumer_config` overrides `DEFAULT_CONSUMER_CONFIG`.
+    """
+
+    def __init__(
+        self,
+        kafka: KafkaSettings,
+        topics: Sequence[str],
+        *,
+        start_at: StartAt = "earliest",
+        batch_size: int = 1000,
+        poll_timeout: float = 0.0,
+        idle_wait: timedelta = timedelta(milliseconds=10),
+        stop_at_end: bool = False,
+        consumer_config: dict[str, str | int | bool] | None = None,
+    ) -> None:
+        if isinstance(topics, str) or not topics:
+            raise ValueError("topics must be a non-empty sequence of topic names")
+        self.kafka = kafka
+        self.topics = list(topics)
+        self.start_at = start_at
+        self.batch_size = batch_size
+        self.poll_timeout = poll_timeout
+        self.idle_wait = idle_wait
+        self.stop_at_end = stop_at_end
+        self.consumer_config = consumer_config or {}
+
+    def list_parts(self) -> list[str]:
+        """`"{partition}-{topic}"` for every partition of every topic; called on each worker."""
+        admin = AdminClient(dict(self.kafka.client_config()))
+        parts: list[str] = []
+        for topic in self.topics:
+            meta = admin.list_topics(topic, timeout=30).topics.get(topic)
+            if meta is None or meta.error is not None or not meta.partitions:
+                error = meta.error if meta is not None else "missing"
+                raise InfraError(f"cannot list partitions of topic {topic!r}: {error}")
+            parts.extend(f"{p}-{topic}" for p in sorted(meta.partitions))
+        return parts
+
+    def build_part(self, step_id: str, for_part: str, resume_state: int | None) -> _KafkaPartition:
+        """Called once per partition per execution; `resume_state` is the next offset to read."""
+        idx, topic = for_part.split("-", 1)
+        if topic not in self.topics:
+            raise InfraError(f"snapshot names topic {topic!r}, not one of {self.topics}")
+        config: dict[str, Any] = {
+            **self.kafka.client_config(),
+            **DEFAULT_CONSUMER_CONFIG,
+            # Required by librdkafka; never joined (partitions are assigned, nothing committed).
+            "group.id": f"herald-{step_id}",
+            "client.id": f"herald-{step_id}-{for_part}",
+            "enable.partition.eof": self.stop_at_end,
+            **self.consumer_config,
+        }
+        return _KafkaPartition(
+            config, TopicPartition(topic, int(idx)), self._start_offset(resume_state), self
+        )
+
+    def _start_offset(self, resume_state: int | None) -> int:
+        if resume_state is not None:
+            return resume_state
+        if self.start_at == "earliest":
+            return OFFSET_BEGINNING
+        return OFFSET_END  # pinned to a concrete offset by the partition (_resolve_latest)
+
+
+class _KafkaPartition(StatefulSourcePartition[KafkaMessage, int | None]):
+    """One assigned topic-partition with its own Consumer."""
+
+    def __init__(
+        self, config: dict[str, Any], tp: TopicPartition, start: int, source: KafkaSource
+    ) -> None:
+        self._name = f"{tp.topic}/{tp.partition}"
+        self._fatal: str | None = None
+        self._last_warning: dict[str, float] = {}
+        self._consumer = Consumer({**config, "error_cb": self._on_error})
+        if start == OFFSET_END:
+            start = self._resolve_latest(tp)
+        # Next offset to read; None until known (logical start, nothing read yet).
+        self._next: int | None = start if start >= 0 else None
+        self._consumer.assign([TopicPartition(tp.topic, tp.partition, start)])
+        self._batch_size = source.batch_size
+        self._timeout = source.poll_timeout
+        self._idle_wait = source.idle_wait
+        self._stop_at_end = source.stop_at_end
+        self._eof = False
+        self._awake: datetime | None = None
+
+    def _resolve_latest(self, tp: TopicPartition) -> int:
+        """Pin "latest" to an offset now, so a snapshot taken before any record resumes here.
+
+        (Tansu 0.6 reports the base offset of the last batch + 1 as high watermark: the job may
+        re-read the tail of that batch, which at-least-once allows.)
+        """
+        _low, high = self._consumer.get_watermark_offsets(tp, timeout=30)
+        return int(high)
+
+    def _on_error(self, err: KafkaError) -> None:
+        if err.fatal() or err.code() in _PERMANENT:
+            self._fatal = f"{err.name()}: {err.str()}"
+        else:
+            self._warn(err)
+
+    def _warn(self, err: KafkaError) -> None:
+        """Log a transient error, at most every 10 s per error code."""
+        now = time.monotonic()
+        if now - self._last_warning.get(err.name(), 0.0) > 10:
+            self._last_warning[err.name()] = now
+            log.warning("kafka_source.transient_error partition=%s code=%s", self._name, err.name())
+
+    def next_batch(self) -> list[KafkaMessage]:
+        """Called by Bytewax whenever `next_awake` has passed; never blocks longer than
+        `poll_timeout`."""
+        if self._eof:
+            raise StopIteration
+        msgs = self._consumer.consume(self._batch_size, self._timeout)
+        batch = [self._message(m) for m in msgs if m.error() is None]
+        if len(batch) < len(msgs):
+            self._handle_errors(msgs)
+        if self._fatal is not None:
+            raise InfraError(f"kafka source {self._name}: {self._fatal}")
+        if batch:
+            self._next = batch[-1].offset + 1
+            self._awake = None
+        else:
+            self._awake = datetime.now(UTC) + self._idle_wait
+        return batch
+
+    def _handle_errors(self, msgs: list[Message]) -> None:
+        for msg in msgs:
+            err = msg.error()
+            if err is None:
+                continue
+            if err.code() == KafkaError._PARTITION_EOF:
+                self._eof = self._stop_at_end
+            elif err.fatal() or err.code() in _PERMANENT:
+                self._fatal = f"{err.name()}: {err.str()}"
+            else:
+                self._warn(err)
+
+    @staticmethod
+    def _message(msg: Message) -> KafkaMessage:
+        ts_type, ts = msg.timestamp()
+        return KafkaMessage(
+            topic=cast(str, msg.topic()),
+            partition=cast(int, msg.partition()),
+            offset=cast(int, msg.offset()),
+            key=cast(bytes | None, msg.key()),
+            value=cast(bytes | None, msg.value()),
+            timestamp_ms=ts if ts_type else None,
+        )
+
+    def next_awake(self) -> datetime | None:
+        """Poll again at once after a full batch, after `idle_wait` after an empty one."""
+        return self._awake
+
+    def snapshot(self) -> int | None:
+        """The next offset to read (None: nothing read yet, start from `start_at` again)."""
+        return self._next
+
+    def close(self) -> None:
+        """Called when a finite (stop_at_end) dataflow completes."""
+        self._consumer.close()
+
+
+@dataclass(frozen=True, slots=True)
+class Decoded:
+    """A decoded record: the raw message (for dead-lettering later) and its Avro value."""
+
+    message: KafkaMessage
+    value: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class DecodeOut:
+    """Decoded records, and dead-letter dicts for records that could not be decoded."""
+
+    oks: Stream[Decoded]
+    errs: Stream[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class _Decoder:
+    deserializer: Callable[[bytes | None], dict[str, Any]]
+    job: str
+
+    def __call__(self, msg: KafkaMessage) -> Decoded | dict[str, Any]:
+        try:
+            return Decoded(msg, self.deserializer(msg.value))
+        except SerdeError as exc:
+            log.warning(
+                "decode.failed job=%s topic=%s partition=%d offset=%d reason=%s",
+                self.job, msg.topic, msg.partition, msg.offset, exc.reason,
+            )  # fmt: skip
+            return msg.dead_letter(exc.reason, exc.detail, self.job)
+
+
+@operator
+def decode_avro(
+    step_id: str,
+    up: Stream[KafkaMessage],
+    deserializer: Callable[[bytes | None], dict[str, Any]],
+    job: str,
+) -> DecodeOut:
+    """Decode every message's value; `SerdeError`s become dead letters with the reason code.
+
+    Registry outages (`RegistryError`) are infrastructure and propagate.
+    """
+    results = op.map("decode", up, _Decoder(deserializer, job))
+    split = op.branch("split", results, lambda r: isinstance(r, Decoded))
+    oks = cast(Stream[Decoded], split.trues)
+    errs = cast(Stream[dict[str, Any]], split.falses)
+    return DecodeOut(oks, errs)
+
+
+@operator
+def kafka_avro_input(
+    step_id: str,
+    flow: Dataflow,
+    *,
+    settings: HeraldSettings,
+    topics: Sequence[str],
+    reader_schema: str,
+    job: str,
+    registry: SchemaRegistry | None = None,
+    **source_options: Any,
+) -> DecodeOut:
+    """Consume logical `topics` (prefix applied) and decode them to `reader_schema`.
+
+    `source_options` go to `KafkaSource` (start_at, batch_size, stop_at_end, ...).
+    """
+    registry = registry if registry is not None else make_registry(settings.registry)
+    physical = [settings.kafka.topic(t) for t in topics]
+    messages = op.input("read", flow, KafkaSource(settings.kafka, physical, **source_options))
+    return decode_avro("decode", messages, AvroDeserializer(registry, reader_schema), job)

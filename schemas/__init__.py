@@ -64,4 +64,6 @@ def load_schema(name: str) -> dict[str, Any]:
         parsed = parse_schema(json.loads(schema_text(name)), named_schemas={})
     except Exception as exc:  # fastavro raises several types for invalid schemas
         raise SchemaError(f"schemas/{name}{_SUFFIX} is not a valid Avro schema: {exc}") from exc
-    return parsed  # type: ignore[no-any-return]
+    if not isinstance(parsed, dict):
+        raise SchemaError(f"schemas/{name}{_SUFFIX} must define a record")
+    return parsed

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
+from fastavro import parse_schema, schemaless_writer
 
 import schemas
 from herald.errors import RegistryError, SerdeError
@@ -66,9 +68,6 @@ def test_reader_schema_resolution_from_an_older_writer(registry: FileRegistry) -
     """A record written with an older version (fewer fields) is read with today's defaults."""
     current = json.loads(schemas.schema_text("social_event"))
     old = dict(current, fields=[f for f in current["fields"] if f["name"] != "actor_name"])
-    from fastavro import parse_schema, schemaless_writer
-    import io
-
     old_id = registry.register("social-value", json.dumps(old))
     record = example("social_event")
     del record["actor_name"]

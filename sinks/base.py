@@ -68,19 +68,34 @@ class EpochFlushPartition(StatefulSinkPartition[X, None], ABC, Generic[X]):
         """Free the client; called once from `close()` after the final flush."""
         return
 
+    _failed = False
+
     def write_batch(self, values: list[X]) -> None:
         """Called by Bytewax with the items of one epoch, in epoch order."""
-        self.submit(values)
+        try:
+            self.submit(values)
+        except BaseException:
+            self._failed = True
+            raise
 
     def snapshot(self) -> None:
         """Called by Bytewax when an epoch closes: the epoch commits only after this returns."""
-        self.flush()
+        try:
+            self.flush()
+        except BaseException:
+            self._failed = True
+            raise
         return None
 
     def close(self) -> None:
-        """Called when a finite dataflow completes: flush, then release the client."""
+        """Called when a finite dataflow completes, and when Bytewax drops the partition.
+
+        Bytewax 0.21 also calls this while unwinding from an earlier error; raising again there
+        would abort the process, so a partition that already failed only releases its client.
+        """
         try:
-            self.flush()
+            if not self._failed:
+                self.flush()
         finally:
             self.release()
 

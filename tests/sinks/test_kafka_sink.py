@@ -1,0 +1,177 @@
+"""KafkaProducerSink, encode_avro and to_dead_letter_topic against the real embedded broker."""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from typing import Any
+
+import bytewax.operators as op
+import pytest
+from bytewax.dataflow import Dataflow
+from bytewax.testing import TestingSink, TestingSource, run_main
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+
+from herald.config import HeraldSettings
+from herald.errors import DeliveryError
+from schemas.registry import make_registry
+from schemas.serde import AvroDeserializer
+from sinks.kafka import (
+    DEAD_LETTER_TOPIC,
+    KafkaProducerSink,
+    KafkaRecord,
+    encode_avro,
+    kafka_output,
+    to_dead_letter_topic,
+    topic_serializer,
+)
+from tests.schemas.examples import example
+
+pytestmark = pytest.mark.integration
+
+TOPIC = "herald.delivery-events"
+FAST_FAIL = {"message.timeout.ms": 5000, "topic.metadata.propagation.max.ms": 1000}
+
+
+def consume_all(settings: HeraldSettings, topic: str) -> list[tuple[bytes | None, bytes | None]]:
+    """Every (key, value) in a physical topic, read to the end of each partition."""
+    meta = Consumer({**settings.kafka.client_config(), "group.id": "t"}).list_topics(topic)
+    parts = [TopicPartition(topic, p, OFFSET_BEGINNING) for p in meta.topics[topic].partitions]
+    consumer = Consumer(
+        {**settings.kafka.client_config(), "group.id": "t", "enable.partition.eof": True}
+    )
+    consumer.assign(parts)
+    out: list[tuple[bytes | None, bytes | None]] = []
+    ended: set[int] = set()
+    deadline = time.monotonic() + 20
+    while len(ended) < len(parts) and time.monotonic() < deadline:
+        for msg in consumer.consume(500, 0.2):
+            err = msg.error()
+            if err is None:
+                out.append((msg.key(), msg.value()))
+            elif err.code() == KafkaError._PARTITION_EOF:
+                ended.add(msg.partition())
+    consumer.close()
+    return out
+
+
+def run_records(records: list[KafkaRecord], sink: KafkaProducerSink) -> None:
+    flow = Dataflow("sink_test")
+    stream = op.input("in", flow, TestingSource(records, batch_size=50))
+    kafka_output("kafka_out", stream, sink)
+    run_main(flow, epoch_interval=timedelta(milliseconds=100))
+
+
+def raised_delivery_error(exc: BaseException) -> bool:
+    """Whether `exc` (as re-raised by Bytewax) was caused by a DeliveryError."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, DeliveryError) or "DeliveryError" in str(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def test_records_arrive(settings: HeraldSettings) -> None:
+    topic = settings.kafka.topic(TOPIC)
+    records = [KafkaRecord(topic, f"d{i % 13}", f"v{i}".encode()) for i in range(500)]
+    records.append(KafkaRecord(topic, None, b"keyless"))
+
+    run_records(records, KafkaProducerSink(settings.kafka, parts=2))
+
+    got = consume_all(settings, topic)
+    assert sorted(got, key=repr) == sorted(
+        ((r.key.encode() if r.key else None, r.value) for r in records), key=repr
+    )
+
+
+def test_same_key_keeps_its_order(settings: HeraldSettings) -> None:
+    topic = settings.kafka.topic(TOPIC)
+    records = [KafkaRecord(topic, "same", f"{i:04d}".encode()) for i in range(300)]
+
+    run_records(records, KafkaProducerSink(settings.kafka, parts=3))
+
+    assert [v for _k, v in consume_all(settings, topic)] == [r.value for r in records]
+
+
+def test_backpressure_waits_instead_of_dropping(settings: HeraldSettings) -> None:
+    topic = settings.kafka.topic(TOPIC)
+    records = [KafkaRecord(topic, f"k{i}", b"x" * 100) for i in range(2000)]
+    sink = KafkaProducerSink(settings.kafka, producer_config={"queue.buffering.max.messages": 10})
+
+    run_records(records, sink)
+
+    assert len(consume_all(settings, topic)) == 2000
+
+
+def test_broker_refusal_raises_delivery_error(settings: HeraldSettings) -> None:
+    missing = settings.kafka.topic("no-such-topic")
+    records = [KafkaRecord(missing, "k", b"v")]
+
+    with pytest.raises(Exception) as info:
+        run_records(records, KafkaProducerSink(settings.kafka, producer_config=FAST_FAIL))
+
+    assert raised_delivery_error(info.value)
+
+
+def test_local_refusal_raises_delivery_error(settings: HeraldSettings) -> None:
+    records = [KafkaRecord(settings.kafka.topic(TOPIC), "k", b"x" * 2_000_000)]
+
+    with pytest.raises(Exception) as info:
+        run_records(records, KafkaProducerSink(settings.kafka))
+
+    assert raised_delivery_error(info.value)
+
+
+def test_snapshot_returns_only_once_everything_is_acknowledged(settings: HeraldSettings) -> None:
+    """The epoch-boundary contract, on one partition: write_batch does not wait, snapshot does."""
+    topic = settings.kafka.topic(TOPIC)
+    sink = KafkaProducerSink(settings.kafka, producer_config={"linger.ms": 3000})
+    part = sink.build_part("epoch_test", sink.list_parts()[0], None)
+
+    started = time.monotonic()
+    part.write_batch([KafkaRecord(topic, f"k{i}", b"v") for i in range(20)])
+    assert time.monotonic() - started < 1.0  # handed over, not waited for
+    assert consume_all(settings, topic) == []  # still lingering in the producer
+
+    part.snapshot()
+    assert len(consume_all(settings, topic)) == 20
+    part.close()
+
+
+def test_snapshot_raises_for_failed_records(settings: HeraldSettings) -> None:
+    sink = KafkaProducerSink(settings.kafka, producer_config=FAST_FAIL)
+    part = sink.build_part("epoch_test", sink.list_parts()[0], None)
+    part.write_batch([KafkaRecord(settings.kafka.topic("no-such-topic"), "k", b"v")])
+
+    with pytest.raises(DeliveryError, match="UNKNOWN_TOPIC"):
+        part.snapshot()
+
+
+def test_encode_and_dead_letter_routing(settings: HeraldSettings) -> None:
+    registry = make_registry(settings.registry)
+    topic = settings.kafka.topic(TOPIC)
+    good = example("delivery_event")
+    bad = {**good, "attempt": "not-an-int"}
+    out: list[KafkaRecord] = []
+
+    flow = Dataflow("encode_test")
+    events = op.input("in", flow, TestingSource([good, bad]))
+    encoded = encode_avro(
+        "encode", events, serializer=topic_serializer(settings.kafka, registry, TOPIC),
+        topic=topic, key=lambda e: e["delivery_id"], job="test",
+    )  # fmt: skip
+    letters = to_dead_letter_topic("dead", encoded.errs, kafka=settings.kafka, registry=registry)
+    op.output("out", op.merge("all", encoded.oks, letters), TestingSink(out))
+    run_main(flow)
+
+    decode = AvroDeserializer(registry)
+    by_topic = {r.topic: r for r in out}
+    assert decode(by_topic[topic].value)["event_id"] == good["event_id"]
+    assert by_topic[topic].key == good["delivery_id"]
+    letter_record = by_topic[settings.kafka.topic(DEAD_LETTER_TOPIC)]
+    letter: dict[str, Any] = decode(letter_record.value)
+    assert letter_record.key == topic
+    assert (letter["reason"], letter["job"], letter["partition"]) == ("encode_failed", "test", -1)
+    assert letter["key"] == good["delivery_id"].encode()
+    assert "schema_violation" in letter["detail"]

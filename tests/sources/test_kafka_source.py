@@ -1,0 +1,117 @@
+"""KafkaSource and decode_avro against the real embedded broker (Tansu), run with run_main."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import bytewax.operators as op
+import pytest
+from bytewax.dataflow import Dataflow
+from bytewax.recovery import RecoveryConfig, init_db_dir
+from bytewax.testing import TestingSink, run_main
+from confluent_kafka import Producer
+
+from herald.config import HeraldSettings
+from schemas.registry import make_registry
+from sinks.kafka import topic_serializer
+from sources.kafka import Decoded, KafkaMessage, KafkaSource, kafka_avro_input
+from tests.schemas.examples import example
+
+pytestmark = pytest.mark.integration
+
+TOPIC = "herald.requests.normal"
+
+
+def produce(settings: HeraldSettings, records: list[tuple[str | None, bytes | None]]) -> None:
+    """Produce (key, value) pairs to TOPIC, acknowledged before returning."""
+    producer = Producer({**settings.kafka.client_config(), "acks": "all"})
+    for key, value in records:
+        producer.produce(settings.kafka.topic(TOPIC), value, key)
+    assert producer.flush(30) == 0
+
+
+def read_all(
+    settings: HeraldSettings, recovery: RecoveryConfig | None = None, **options: Any
+) -> list[KafkaMessage]:
+    """Run a flow that reads TOPIC to its end and return what it saw."""
+    out: list[KafkaMessage] = []
+    flow = Dataflow("source_test")
+    source = KafkaSource(settings.kafka, [settings.kafka.topic(TOPIC)], stop_at_end=True, **options)
+    messages = op.input("read", flow, source)
+    op.output("out", messages, TestingSink(out))
+    run_main(flow, epoch_interval=timedelta(milliseconds=200), recovery_config=recovery)
+    return out
+
+
+def test_reads_every_record_with_coordinates(settings: HeraldSettings) -> None:
+    records = [(f"k{i}", f"v{i}".encode()) for i in range(50)] + [(None, None)]
+    produce(settings, records)
+
+    seen = read_all(settings, batch_size=7)
+
+    expected = [(k.encode() if k else None, v) for k, v in records]
+    assert sorted(((m.key, m.value) for m in seen), key=repr) == sorted(expected, key=repr)
+    by_partition: dict[int, list[int]] = {}
+    for m in seen:
+        assert m.topic == settings.kafka.topic(TOPIC)
+        assert m.timestamp is not None and m.timestamp.tzinfo is not None
+        by_partition.setdefault(m.partition, []).append(m.offset)
+    assert len(by_partition) > 1  # keys spread over the topic's 4 partitions
+    for offsets in by_partition.values():
+        assert offsets == list(range(len(offsets)))  # in order, none skipped
+
+
+def test_empty_topic_ends(settings: HeraldSettings) -> None:
+    assert read_all(settings) == []
+
+
+def test_restart_resumes_after_last_snapshot(settings: HeraldSettings, tmp_path: Path) -> None:
+    init_db_dir(tmp_path, 1)
+    recovery = RecoveryConfig(tmp_path)
+    produce(settings, [(f"a{i}", b"first") for i in range(20)])
+    first = read_all(settings, recovery)
+
+    produce(settings, [(f"b{i}", b"second") for i in range(10)])
+    second = read_all(settings, recovery)
+
+    assert len(first) == 20
+    assert sorted(m.key for m in second) == sorted(f"b{i}".encode() for i in range(10))
+
+
+def test_start_at_latest_skips_existing_records(settings: HeraldSettings) -> None:
+    produce(settings, [("old", b"old")])
+    assert read_all(settings, start_at="latest") == []
+
+
+def test_decode_dead_letters_bad_records_and_keeps_good_ones(settings: HeraldSettings) -> None:
+    registry = make_registry(settings.registry)
+    encode = topic_serializer(settings.kafka, registry, TOPIC)
+    good = encode(example("notification_request"))
+    produce(
+        settings,
+        [("p", good), ("p", b"garbage"), ("p", b"\x00\x00\x00\x03\xe7\x01"), ("p", good)]
+        + [("p", b""), ("p", good[:-3]), ("p", good)],
+    )
+
+    oks: list[Decoded] = []
+    errs: list[dict[str, Any]] = []
+    flow = Dataflow("decode_test")
+    decoded = kafka_avro_input(
+        "requests_in", flow, settings=settings, topics=[TOPIC], registry=registry,
+        reader_schema="notification_request", job="test", stop_at_end=True,
+    )  # fmt: skip
+    op.output("oks", decoded.oks, TestingSink(oks))
+    op.output("errs", decoded.errs, TestingSink(errs))
+    run_main(flow, epoch_interval=timedelta(milliseconds=200))
+
+    assert [d.message.offset for d in oks] == [0, 3, 6]
+    assert all(d.value["notification_id"] == "n-1" for d in oks)
+    reasons = {e["offset"]: e["reason"] for e in errs}
+    expected = {1: "bad_magic_byte", 2: "unknown_schema_id", 4: "empty_record", 5: "truncated"}
+    assert reasons == expected
+    letter = next(e for e in errs if e["offset"] == 1)
+    assert letter["value"] == b"garbage" and letter["key"] == b"p"
+    assert letter["source_topic"] == settings.kafka.topic(TOPIC)
+    assert letter["job"] == "test" and letter["dead_letter_id"].endswith(":1")

@@ -176,6 +176,12 @@ class _ProducerPartition(EpochFlushPartition[KafkaRecord]):
                 )
         self._tracker.raise_if_failed()
 
+    def release(self) -> None:
+        """Close the producer; after a failure, drop what is queued (re-produced on resume)."""
+        if self._failed:
+            self._producer.purge()
+        self._producer.close()
+
 
 def _routing_key(record: KafkaRecord) -> str:
     return record.key if record.key is not None else record.topic

@@ -10,7 +10,6 @@ import bytewax.operators as op
 import pytest
 from bytewax.dataflow import Dataflow
 from bytewax.testing import TestingSink, TestingSource, run_main
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
 from herald.config import HeraldSettings
 from herald.errors import DeliveryError
@@ -25,34 +24,13 @@ from sinks.kafka import (
     to_dead_letter_topic,
     topic_serializer,
 )
+from tests.dataflows.helpers import consume
 from tests.schemas.examples import example
 
 pytestmark = pytest.mark.integration
 
 TOPIC = "herald.delivery-events"
 FAST_FAIL = {"message.timeout.ms": 5000, "topic.metadata.propagation.max.ms": 1000}
-
-
-def consume_all(settings: HeraldSettings, topic: str) -> list[tuple[bytes | None, bytes | None]]:
-    """Every (key, value) in a physical topic, read to the end of each partition."""
-    meta = Consumer({**settings.kafka.client_config(), "group.id": "t"}).list_topics(topic)
-    parts = [TopicPartition(topic, p, OFFSET_BEGINNING) for p in meta.topics[topic].partitions]
-    consumer = Consumer(
-        {**settings.kafka.client_config(), "group.id": "t", "enable.partition.eof": True}
-    )
-    consumer.assign(parts)
-    out: list[tuple[bytes | None, bytes | None]] = []
-    ended: set[int] = set()
-    deadline = time.monotonic() + 20
-    while len(ended) < len(parts) and time.monotonic() < deadline:
-        for msg in consumer.consume(500, 0.2):
-            err = msg.error()
-            if err is None:
-                out.append((msg.key(), msg.value()))
-            elif err.code() == KafkaError._PARTITION_EOF:
-                ended.add(msg.partition())
-    consumer.close()
-    return out
 
 
 def run_records(records: list[KafkaRecord], sink: KafkaProducerSink) -> None:
@@ -79,7 +57,7 @@ def test_records_arrive(settings: HeraldSettings) -> None:
 
     run_records(records, KafkaProducerSink(settings.kafka, parts=2))
 
-    got = consume_all(settings, topic)
+    got = consume(settings, TOPIC)
     assert sorted(got, key=repr) == sorted(
         ((r.key.encode() if r.key else None, r.value) for r in records), key=repr
     )
@@ -91,7 +69,7 @@ def test_same_key_keeps_its_order(settings: HeraldSettings) -> None:
 
     run_records(records, KafkaProducerSink(settings.kafka, parts=3))
 
-    assert [v for _k, v in consume_all(settings, topic)] == [r.value for r in records]
+    assert [v for _k, v in consume(settings, TOPIC)] == [r.value for r in records]
 
 
 def test_backpressure_waits_instead_of_dropping(settings: HeraldSettings) -> None:
@@ -101,7 +79,7 @@ def test_backpressure_waits_instead_of_dropping(settings: HeraldSettings) -> Non
 
     run_records(records, sink)
 
-    assert len(consume_all(settings, topic)) == 2000
+    assert len(consume(settings, TOPIC)) == 2000
 
 
 def test_broker_refusal_raises_delivery_error(settings: HeraldSettings) -> None:
@@ -132,10 +110,10 @@ def test_snapshot_returns_only_once_everything_is_acknowledged(settings: HeraldS
     started = time.monotonic()
     part.write_batch([KafkaRecord(topic, f"k{i}", b"v") for i in range(20)])
     assert time.monotonic() - started < 1.0  # handed over, not waited for
-    assert consume_all(settings, topic) == []  # still lingering in the producer
+    assert consume(settings, TOPIC) == []  # still lingering in the producer
 
     part.snapshot()
-    assert len(consume_all(settings, topic)) == 20
+    assert len(consume(settings, TOPIC)) == 20
     part.close()
 
 

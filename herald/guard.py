@@ -1,0 +1,195 @@
+"""Send guards in Redis (seed 000 §5.2, SPEC §4): never lose a transactional message, never
+send a bulk one twice.
+
+One key per delivery, `guard:{<delivery_id>}` (the braces are a Redis Cluster hash tag), whose
+value is one of
+
+    PENDING:<owner>    a worker is calling the provider now (short TTL, transactional only)
+    CLAIMED:<owner>    a bulk worker took it and will call the provider (long TTL)
+    SENT:<msg_id>      the provider accepted it (long TTL)
+    UNKNOWN:<owner>    the call's outcome is unknown; reconciliation owns it (long TTL)
+
+Transactional, two-phase (`acquire` → provider call → `mark_sent` | `release` | `mark_unknown`):
+
+    crash point                          what a redelivered message sees
+    before the provider call             PENDING until its TTL lapses → Proceed: resent, no loss
+    after the call, before `mark_sent`   the same → Proceed: **one duplicate**; the only window
+                                         with a duplicate, at most `pending_ttl` long
+    after `mark_sent`                    SENT → AlreadySent: skipped, no duplicate
+
+Bulk, single pre-send guard (`SET NX` with the long TTL before the call): a crash anywhere after
+`acquire` leaves CLAIMED, so the redelivered message is skipped — at most once, lost only in that
+window. After a *definitive* failure (the provider certainly did not send: connect error,
+rejection, 429) the sink calls `release` so the retry may proceed; after `Unknown` it must not.
+
+`release` and `mark_unknown` act only on the caller's own PENDING/CLAIMED value (compare-and-set
+in Lua), so a worker whose PENDING expired never frees a key another worker now holds. `mark_sent`
+is unconditional: once a provider accepted the message, SENT is the truth.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import redis
+
+__all__ = ["AlreadySent", "GuardResult", "InFlight", "Proceed", "SendGuard", "guard_key"]
+
+GuardClass = Literal["transactional", "normal", "bulk"]
+
+# KEYS[1] guard key; ARGV: value, ttl_ms. Returns {1, ""} when taken, else {0, value, pttl}.
+_ACQUIRE = """
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return {1, ''} end
+return {0, redis.call('GET', KEYS[1]) or '', redis.call('PTTL', KEYS[1])}
+"""
+
+# KEYS[1] guard key; ARGV: expected value, new value ('' = delete), ttl_ms. 1 if swapped.
+_SWAP_IF_OWNED = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+if ARGV[2] == '' then redis.call('DEL', KEYS[1]) else
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3]) end
+return 1
+"""
+
+
+def guard_key(delivery_id: str, prefix: str = "") -> str:
+    """The guard key of a delivery: `<prefix>guard:{<delivery_id>}`."""
+    return f"{prefix}guard:{{{delivery_id}}}"
+
+
+@dataclass(frozen=True, slots=True)
+class Proceed:
+    """The caller holds the guard: call the provider, then mark_sent/release/mark_unknown."""
+
+    delivery_id: str
+    token: str
+    two_phase: bool
+
+
+@dataclass(frozen=True, slots=True)
+class AlreadySent:
+    """Skip: SENT (provider_msg_id known), bulk CLAIMED, or UNKNOWN (being reconciled)."""
+
+    delivery_id: str
+    state: Literal["sent", "claimed", "unknown"]
+    provider_msg_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class InFlight:
+    """Another worker may be sending it right now: retry after `retry_after_s` (its TTL)."""
+
+    delivery_id: str
+    retry_after_s: float
+
+
+GuardResult = Proceed | AlreadySent | InFlight
+
+
+class SendGuard:
+    """Two-phase (transactional) and single (normal, bulk) send guards over one Redis client.
+
+    `client` may be a `redis.Redis` or `redis.RedisCluster`; every operation touches one key.
+    `pending_ttl_s` must exceed the provider call's timeout (plus a margin): a PENDING that
+    lapses mid-call lets a second worker send too.
+    """
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        *,
+        pending_ttl_s: float = 60.0,
+        sent_ttl_s: float = 7 * 86400.0,
+        prefix: str = "",
+        two_phase_classes: frozenset[str] = frozenset({"transactional"}),
+    ) -> None:
+        self._client = client
+        self._pending_ms = max(int(pending_ttl_s * 1000), 1)
+        self._sent_ms = max(int(sent_ttl_s * 1000), 1)
+        self._prefix = prefix
+        self._two_phase = two_phase_classes
+        self._acquire = client.register_script(_ACQUIRE)
+        self._swap = client.register_script(_SWAP_IF_OWNED)
+
+    def acquire(self, delivery_id: str, traffic_class: GuardClass) -> GuardResult:
+        """Take the guard before the provider call (one round trip)."""
+        return self.acquire_many([(delivery_id, traffic_class)])[0]
+
+    def acquire_many(self, items: Sequence[tuple[str, GuardClass]]) -> list[GuardResult]:
+        """`acquire` for a batch in one pipelined round trip; results in the same order."""
+        pipe = self._client.pipeline(transaction=False)
+        tokens: list[tuple[str, bool]] = []
+        for delivery_id, traffic_class in items:
+            two_phase = traffic_class in self._two_phase
+            token = uuid.uuid4().hex
+            value = f"PENDING:{token}" if two_phase else f"CLAIMED:{token}"
+            ttl = self._pending_ms if two_phase else self._sent_ms
+            self._acquire(keys=[self._key(delivery_id)], args=[value, ttl], client=pipe)
+            tokens.append((token, two_phase))
+        replies = pipe.execute()
+        return [
+            _result(delivery_id, token, two_phase, reply)
+            for (delivery_id, _), (token, two_phase), reply in zip(
+                items, tokens, replies, strict=True
+            )
+        ]
+
+    def mark_sent(self, guard: Proceed, provider_msg_id: str = "") -> None:
+        """The provider accepted: SENT with the long TTL (transactional; no-op for bulk)."""
+        if guard.two_phase:
+            self._client.set(self._key(guard.delivery_id), f"SENT:{provider_msg_id}",
+                             px=self._sent_ms)  # fmt: skip
+
+    def mark_sent_many(self, sent: Sequence[tuple[Proceed, str]]) -> None:
+        """`mark_sent` for a batch in one pipelined round trip."""
+        pipe = self._client.pipeline(transaction=False)
+        for guard, msg_id in sent:
+            if guard.two_phase:
+                pipe.set(self._key(guard.delivery_id), f"SENT:{msg_id}", px=self._sent_ms)
+        pipe.execute()
+
+    def release(self, guard: Proceed) -> bool:
+        """The provider certainly did not send (definitive failure): free the key for a retry.
+
+        Never call it after an `Unknown` outcome. Returns False when the key is no longer ours.
+        """
+        return bool(self._swap(keys=[self._key(guard.delivery_id)],
+                               args=[_owned_value(guard), "", 0]))  # fmt: skip
+
+    def mark_unknown(self, guard: Proceed) -> bool:
+        """The outcome is unknown: keep redeliveries away (long TTL) while it is reconciled."""
+        return bool(
+            self._swap(
+                keys=[self._key(guard.delivery_id)],
+                args=[_owned_value(guard), f"UNKNOWN:{guard.token}", self._sent_ms],
+            )
+        )
+
+    def _key(self, delivery_id: str) -> str:
+        return guard_key(delivery_id, self._prefix)
+
+
+def _owned_value(guard: Proceed) -> str:
+    return f"PENDING:{guard.token}" if guard.two_phase else f"CLAIMED:{guard.token}"
+
+
+def _result(delivery_id: str, token: str, two_phase: bool, reply: list[object]) -> GuardResult:
+    if int(reply[0]) == 1:  # type: ignore[call-overload]
+        return Proceed(delivery_id, token, two_phase)
+    raw = reply[1]
+    value = raw.decode() if isinstance(raw, bytes) else str(raw)
+    kind, _, rest = value.partition(":")
+    if kind == "PENDING":
+        pttl = int(reply[2])  # type: ignore[call-overload]
+        return InFlight(delivery_id, max(pttl, 0) / 1000.0)
+    if kind == "SENT":
+        return AlreadySent(delivery_id, "sent", rest or None)
+    if kind == "UNKNOWN":
+        return AlreadySent(delivery_id, "unknown")
+    if kind == "CLAIMED":
+        return AlreadySent(delivery_id, "claimed")
+    # The key vanished between SET NX and GET (expired): report in flight, retry at once.
+    return InFlight(delivery_id, 0.0)

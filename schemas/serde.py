@@ -31,6 +31,7 @@ from functools import cache
 from typing import Any
 
 from fastavro import parse_schema, schemaless_reader, schemaless_writer
+from fastavro.read import SchemaResolutionError
 from fastavro.validation import validate
 
 from herald.errors import SerdeError
@@ -131,7 +132,7 @@ class AvroSerializer:
             schemaless_writer(buf, self._schema, record, strict_allow_default=True)
         except (TypeError, ValueError, AttributeError, KeyError, OverflowError) as exc:
             detail = _explain(record, self._schema, self._schema["name"])
-            raise SerdeError("schema_violation", f"{detail} ({exc})") from exc
+            raise SerdeError("schema_violation", f"{detail} ({type(exc).__name__})") from exc
         return buf.getvalue()
 
 
@@ -347,7 +348,7 @@ class AvroDeserializer:
             # fastavro's C reader signals "read past the end" with IndexError
             raise SerdeError("truncated", f"schema id {schema_id}: body ends early") from exc
         except Exception as exc:  # fastavro raises assorted errors on garbage input
-            raise SerdeError("schema_violation", f"schema id {schema_id}: {exc!r}") from exc
+            raise SerdeError("schema_violation", f"schema id {schema_id}: {_why(exc)}") from exc
         if buf.tell() != len(data):
             raise SerdeError(
                 "schema_violation",
@@ -356,3 +357,12 @@ class AvroDeserializer:
         if not isinstance(record, dict):
             raise SerdeError("schema_violation", f"schema id {schema_id}: not a record")
         return record
+
+
+def _why(exc: Exception) -> str:
+    """A decode failure described without the bytes involved (they may be message content)."""
+    if isinstance(exc, UnicodeDecodeError):
+        return "a string field is not valid UTF-8"
+    if isinstance(exc, SchemaResolutionError):
+        return f"cannot resolve to the reader schema: {exc}"
+    return f"{type(exc).__name__} while decoding"

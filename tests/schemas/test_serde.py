@@ -151,6 +151,9 @@ def test_every_decode_reason(registry: FileRegistry) -> None:
     # a valid header, then a string whose bytes are not UTF-8
     invalid_utf8 = frame(1, b"\x04\xff\xfe" + good[5 + 1 + len("d-1") :])
     assert _reason(de, invalid_utf8) == "schema_violation"
+    with pytest.raises(SerdeError) as info:
+        de(invalid_utf8)
+    assert "\\xff" not in info.value.detail and "UTF-8" in info.value.detail
     assert de(good) == example("delivery")  # and the good record still decodes
 
 

@@ -1,0 +1,507 @@
+"""The embedded ClickHouse service: one process owns chDB and speaks ClickHouse's HTTP interface.
+
+Why this process exists
+    chDB (ClickHouse 26 in-process) allows exactly one process per data directory: it locks the
+    directory. Herald has many processes that need ClickHouse (Bytewax jobs, the API, dashboards,
+    the CLI, tests). So in the embedded stack ONE process, the ``clickhouse`` service started by
+    the launcher, opens the data directory and serves the part of ClickHouse's HTTP interface
+    that clickhouse-connect's ``HttpClient`` uses. Every other process talks to it with the
+    ordinary client, ``clickhouse_connect.get_client(dsn="http://127.0.0.1:PORT")``, exactly as
+    in production against a real server: no code path differs between embedded and production,
+    and nothing but this process ever opens chDB.
+
+Run
+    python -m infra.clickhouse_server --data-dir PATH --host 127.0.0.1 --port 8123
+    Ready when ``GET /ping`` answers 200 ``Ok.``; SIGTERM/SIGINT stop it and close the session.
+
+What is served (see ClickHouse's "HTTP Interface" documentation)
+    GET /ping, GET /               -> 200 "Ok.\\n"
+    GET|POST /?query=SQL           -> the URL query, followed by the body if any, is the SQL
+    POST / (body SQL)              -> the body is the SQL
+    INSERT ... FORMAT F + data     -> statement in ``query`` (or at the head of the body), data in
+                                      the body; streamed into chDB's ``send_insert`` in format F
+    URL parameters: ``database``, ``default_format``, ``query_id``, ``param_NAME`` (server-side
+    binding of ``{NAME:Type}``); every other non-transport parameter is a ClickHouse setting.
+    Responses carry X-ClickHouse-Query-Id, -Format (statements with a result set), -Timezone,
+    -Summary and -Server-Display-Name. Errors are HTTP 500 (400 for a malformed request) with
+    ClickHouse's ``Code: N. DB::Exception: ...`` text and the X-ClickHouse-Exception-Code header,
+    so the client raises ``DatabaseError`` with the right code.
+
+Limits (deliberate; the embedded stack serves one machine on loopback)
+    - One chDB session: statements run one at a time under a lock; throughput is chDB's.
+    - Results are built in memory before being sent (no streaming of huge results).
+    - Request bodies may be lz4/zstd/gzip/deflate encoded (the client compresses inserts by
+      default); responses are never compressed (pointless on loopback); ``decompress=1``
+      (ClickHouse's native block compression) is refused.
+    - ``session_id`` is ignored: all clients share one session, so ``SET``/``USE`` statements and
+      temporary tables are visible to everyone. Per-request settings are applied with ``SET`` and
+      reset with ``SET name = DEFAULT`` when a later request no longer sends them.
+    - No users, passwords or TLS: bind to loopback only. No external-data tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import re
+import signal
+import threading
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, BinaryIO
+from urllib.parse import parse_qsl, urlsplit
+
+from herald.errors import InfraError
+
+log = logging.getLogger(__name__)
+
+DISPLAY_NAME = "herald-chdb"
+
+# ClickHouse error codes used for errors raised by this facade itself.
+BAD_ARGUMENTS = 36
+NOT_IMPLEMENTED = 48
+UNKNOWN_COMPRESSION_METHOD = 638
+ABORTED = 236
+
+# URL parameters that steer the HTTP transport and are never forwarded as settings.
+_TRANSPORT_PARAMS = frozenset(
+    {
+        "query", "database", "default_format", "query_id", "session_id", "session_timeout",
+        "session_check", "compress", "decompress", "client_protocol_version", "buffer_size",
+        "wait_end_of_query", "role", "quota_key", "user", "password", "enable_http_compression",
+        "send_progress_in_http_headers", "cancel_http_readonly_queries_on_client_close",
+    }
+)  # fmt: skip
+_SETTING_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_NUMBER_RE = re.compile(r"-?\d+(\.\d+)?")
+_CODE_RE = re.compile(r"Code: (\d+)\.")
+_TRAILING_FORMAT_RE = re.compile(r"\bFORMAT\s+(\w+)\s*;?\s*$", re.IGNORECASE)
+_COMMENTS_RE = re.compile(r"\A(?:\s+|--[^\n]*(?:\n|\Z)|/\*.*?\*/)*", re.DOTALL)
+_RESULT_KEYWORDS = ("SELECT", "WITH", "SHOW", "DESC", "EXISTS", "EXPLAIN", "CHECK", "(")
+# `INSERT INTO <target> FORMAT <fmt>` then one optional line break; data follows.
+_DATA_INSERT_RE = re.compile(
+    rb"\A\s*INSERT\s+INTO\s+(?P<target>(?:[^'`\"]|'(?:[^'\\]|\\.)*'|`[^`]*`|\"[^\"]*\")+?)"
+    rb"\s+FORMAT\s+(?P<fmt>\w+)[ \t]*(?:\r?\n)?",
+    re.IGNORECASE | re.DOTALL,
+)
+_NOT_DATA_INSERT_RE = re.compile(rb"\b(?:VALUES|SELECT|WITH)\b", re.IGNORECASE)
+_TEXT_FORMAT_PREFIXES = ("TabSeparated", "TSV", "CSV", "JSON", "Pretty", "Values", "Vertical")
+
+
+class ClickHouseError(Exception):
+    """An error reported to the client as ClickHouse does: ``Code: N. DB::Exception: ...``."""
+
+    def __init__(self, code: int, message: str, status: int = 500) -> None:
+        super().__init__(message)
+        self.code = code
+        self.status = status
+
+    @classmethod
+    def from_engine(cls, exc: BaseException) -> ClickHouseError:
+        """Wrap a chDB exception, whose text already is ``Code: N. DB::Exception: ...``."""
+        text = str(exc)
+        match = _CODE_RE.search(text)
+        return cls(int(match.group(1)) if match else 1000, text)
+
+    def body(self, version: str) -> bytes:
+        """The response body ClickHouse would send for this error."""
+        text = str(self)
+        if not text.startswith("Code: "):
+            text = f"Code: {self.code}. DB::Exception: {text}"
+        return f"{text} (version {version} (chDB))\n".encode()
+
+
+@dataclass(frozen=True)
+class Statement:
+    """One request, decoded: SQL (or an INSERT head plus its data) and its context."""
+
+    sql: str
+    data: bytes | None = None  # set for `INSERT ... FORMAT fmt` with a data body
+    data_format: str = ""
+    database: str = "default"
+    default_format: str = "TabSeparated"
+    settings: Mapping[str, str] = field(default_factory=dict)
+    params: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a statement produced: the response body, its format (None: no result set), stats."""
+
+    body: bytes
+    fmt: str | None
+    summary: dict[str, str]
+
+
+def parse_statement(params: Mapping[str, str], body: bytes) -> Statement:
+    """Turn URL parameters and a (decompressed) body into a Statement, as ClickHouse does."""
+    settings: dict[str, str] = {}
+    binds: dict[str, str] = {}
+    for name, value in params.items():
+        if name.startswith("param_"):
+            binds[name[len("param_") :]] = value
+        elif name not in _TRANSPORT_PARAMS and not name.startswith("http_"):
+            if not _SETTING_NAME_RE.fullmatch(name):
+                raise ClickHouseError(BAD_ARGUMENTS, f"Invalid setting name {name!r}", 400)
+            settings[name] = value
+    context: dict[str, Any] = {
+        "database": params.get("database") or "default",
+        "default_format": params.get("default_format") or "TabSeparated",
+        "settings": settings,
+        "params": binds,
+    }
+    query = params.get("query", "")
+    if query:
+        insert = _DATA_INSERT_RE.match(query.encode())
+        if insert and not _NOT_DATA_INSERT_RE.search(insert.group("target")):
+            return _insert_statement(insert, body, context)
+        return Statement(sql=f"{query}\n{_text(body)}" if body else query, **context)
+    insert = _DATA_INSERT_RE.match(body[:16384])
+    if insert and not _NOT_DATA_INSERT_RE.search(insert.group("target")):
+        return _insert_statement(insert, body[insert.end() :], context)
+    return Statement(sql=_text(body), **context)
+
+
+def _insert_statement(insert: re.Match[bytes], data: bytes, context: dict[str, Any]) -> Statement:
+    target = _text(insert.group("target"))
+    return Statement(
+        sql=f"INSERT INTO {target}", data=data, data_format=_text(insert.group("fmt")), **context
+    )
+
+
+def _text(raw: bytes) -> str:
+    try:
+        return raw.decode()
+    except UnicodeDecodeError as exc:
+        raise ClickHouseError(BAD_ARGUMENTS, f"Query is not valid UTF-8: {exc}", 400) from None
+
+
+def result_format(sql: str, default_format: str) -> str | None:
+    """The output format of `sql`, or None when the statement produces no result set."""
+    match = _TRAILING_FORMAT_RE.search(sql)
+    if match:
+        return match.group(1)
+    head = _COMMENTS_RE.sub("", sql, count=1)[:16].upper()
+    return default_format if head.startswith(_RESULT_KEYWORDS) else None
+
+
+def _setting_literal(value: str) -> str:
+    if _NUMBER_RE.fullmatch(value):
+        return value
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+class ChdbEngine:
+    """The one chDB session of this process; every statement runs under its lock.
+
+    Opening fails with InfraError when another process holds the data directory.
+    """
+
+    def __init__(self, data_dir: Path) -> None:
+        import chdb  # imported here: nothing but this service ever loads chDB
+
+        data_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self._conn: Any = chdb.connect(str(data_dir))
+        except Exception as exc:
+            raise InfraError(f"cannot open chDB data directory {data_dir}: {exc}") from exc
+        self._lock = threading.Lock()
+        self._database: str | None = None
+        self._settings: dict[str, str] = {}
+        row = self._conn.query("SELECT version(), timezone()", "TabSeparated").bytes()
+        self.version, self.timezone = row.decode().strip().split("\t")
+
+    def execute(self, stmt: Statement) -> Outcome:
+        """Run one statement with its database and settings; raise ClickHouseError on failure."""
+        with self._lock:
+            if self._conn is None:
+                raise ClickHouseError(ABORTED, "Server is shutting down", 503)
+            try:
+                self._prepare(stmt)
+                if stmt.data is not None:
+                    return self._insert(stmt)
+                return self._query(stmt)
+            except ClickHouseError:
+                raise
+            except Exception as exc:
+                raise ClickHouseError.from_engine(exc) from None
+
+    def _prepare(self, stmt: Statement) -> None:
+        if stmt.database != self._database:
+            self._database = None
+            self._conn.query(f"USE `{stmt.database.replace('`', '')}`", "TabSeparated")
+            self._database = stmt.database
+        for name in [n for n in self._settings if n not in stmt.settings]:
+            self._conn.query(f"SET {name} = DEFAULT", "TabSeparated")
+            del self._settings[name]
+        for name, value in stmt.settings.items():
+            if self._settings.get(name) != value:
+                self._settings.pop(name, None)
+                self._conn.query(f"SET {name} = {_setting_literal(value)}", "TabSeparated")
+                self._settings[name] = value
+
+    def _query(self, stmt: Statement) -> Outcome:
+        fmt = result_format(stmt.sql, stmt.default_format)
+        result = self._conn.query(stmt.sql, fmt or stmt.default_format, params=dict(stmt.params))
+        if _COMMENTS_RE.sub("", stmt.sql, count=1)[:4].upper() == "USE ":
+            self._database = None  # a USE statement moved the shared session
+        summary = {
+            "read_rows": str(result.storage_rows_read()),
+            "read_bytes": str(result.storage_bytes_read()),
+            "written_rows": str(result.rows_written()),
+            "written_bytes": str(result.bytes_written()),
+            "total_rows_to_read": str(result.storage_rows_read()),
+            "result_rows": str(result.rows_read()),
+            "result_bytes": str(result.bytes_read()),
+            "elapsed_ns": str(int(result.elapsed() * 1e9)),
+        }
+        return Outcome(result.bytes() or b"", fmt, summary)
+
+    def _insert(self, stmt: Statement) -> Outcome:
+        assert stmt.data is not None
+        inserter = self._conn.send_insert(stmt.sql, stmt.data_format)
+        try:
+            view = memoryview(stmt.data)
+            for start in range(0, len(view), 8 << 20):
+                inserter.append(view[start : start + (8 << 20)])
+            result = inserter.finish()
+        except BaseException:
+            with contextlib.suppress(Exception):
+                inserter.cancel()
+            raise
+        written = str(result.rows_written)
+        summary = {
+            "read_rows": written,
+            "read_bytes": str(len(stmt.data)),
+            "written_rows": written,
+            "written_bytes": str(result.bytes_written),
+            "total_rows_to_read": "0",
+            "result_rows": written,
+            "result_bytes": str(result.bytes_written),
+            "elapsed_ns": str(int(result.elapsed * 1e9)),
+        }
+        return Outcome(b"", None, summary)
+
+    def close(self) -> None:
+        """Wait for the running statement, then close the session. Idempotent."""
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+
+def decompress(data: bytes, encoding: str) -> bytes:
+    """Decode a request body sent with Content-Encoding `encoding` (possibly several frames)."""
+    encoding = encoding.strip().lower()
+    if encoding in ("", "identity"):
+        return data
+    if encoding == "gzip":
+        import gzip
+
+        return gzip.decompress(data)
+    if encoding == "deflate":
+        import zlib
+
+        return zlib.decompress(data)
+    if encoding == "zstd":
+        from backports import zstd
+
+        return zstd.decompress(data)
+    if encoding == "lz4":
+        import lz4.frame
+
+        out: list[bytes] = []
+        while data:  # clickhouse-connect sends one LZ4 frame per block
+            frames = lz4.frame.LZ4FrameDecompressor()
+            out.append(frames.decompress(data))
+            data = frames.unused_data if frames.eof else b""
+        return b"".join(out)
+    raise ClickHouseError(UNKNOWN_COMPRESSION_METHOD, f"Unknown Content-Encoding {encoding!r}", 400)
+
+
+def read_chunked(rfile: BinaryIO) -> bytes:
+    """Read a `Transfer-Encoding: chunked` request body (clickhouse-connect streams inserts)."""
+    parts: list[bytes] = []
+    while True:
+        line = rfile.readline(65537)
+        try:
+            size = int(line.split(b";", 1)[0].strip(), 16)
+        except ValueError:
+            raise ClickHouseError(BAD_ARGUMENTS, "Malformed chunked body", 400) from None
+        if size == 0:
+            while rfile.readline(65537) not in (b"\r\n", b"\n", b""):
+                pass  # trailers
+            return b"".join(parts)
+        parts.append(rfile.read(size))
+        rfile.readline(65537)  # the CRLF closing the chunk
+
+
+def _parse_form(content_type: str, body: bytes) -> dict[str, str]:
+    """Fields of a multipart/form-data body (clickhouse-connect sends long bind params so)."""
+    from email.parser import BytesParser
+    from email.policy import HTTP
+
+    head = f"Content-Type: {content_type}\r\n\r\n".encode()
+    message = BytesParser(policy=HTTP).parsebytes(head + body)
+    fields: dict[str, str] = {}
+    for part in message.iter_parts():
+        if part.get_filename():
+            raise ClickHouseError(NOT_IMPLEMENTED, "External data tables are not supported", 400)
+        name = part.get_param("name", header="content-disposition")
+        payload = part.get_payload(decode=True) or b""
+        fields[str(name)] = _text(payload)
+    return fields
+
+
+class _Handler(BaseHTTPRequestHandler):
+    """One HTTP/1.1 keep-alive connection; requests on it run one after the other."""
+
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # headers and body are separate writes: avoid 40 ms stalls
+    server: ClickHouseHTTPServer
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server naming)
+        self._serve(with_body=False)
+
+    def do_POST(self) -> None:  # noqa: N802
+        self._serve(with_body=True)
+
+    def _serve(self, *, with_body: bool) -> None:
+        query_id = str(uuid.uuid4())
+        try:
+            body = self._read_body() if with_body else b""
+            url = urlsplit(self.path)
+            params = dict(parse_qsl(url.query, keep_blank_values=True))
+            query_id = params.get("query_id") or query_id
+            if url.path in ("/ping", "/replicas_status") or (url.path == "/" and not url.query):
+                if not body:
+                    self._reply(200, b"Ok.\n", {"Content-Type": "text/plain; charset=UTF-8"})
+                    return
+            elif url.path != "/":
+                raise ClickHouseError(NOT_IMPLEMENTED, f"No handler for {url.path}", 404)
+            outcome = self.server.engine.execute(self._statement(params, body))
+        except ClickHouseError as exc:
+            self._reply_error(exc, query_id)
+            return
+        self._reply_outcome(outcome, query_id)
+
+    def _read_body(self) -> bytes:
+        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+            return read_chunked(self.rfile)
+        length = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(length) if length else b""
+
+    def _statement(self, params: dict[str, str], body: bytes) -> Statement:
+        if params.get("decompress", "0") not in ("", "0"):
+            raise ClickHouseError(NOT_IMPLEMENTED, "decompress=1 is not supported", 400)
+        body = decompress(body, self.headers.get("Content-Encoding", ""))
+        content_type = self.headers.get("Content-Type", "")
+        if content_type.startswith("multipart/form-data"):
+            params.update(_parse_form(content_type, body))
+            body = b""
+        return parse_statement(params, body)
+
+    def _reply_outcome(self, outcome: Outcome, query_id: str) -> None:
+        headers = self._common_headers(query_id)
+        headers["X-ClickHouse-Summary"] = json.dumps(outcome.summary, separators=(",", ":"))
+        if outcome.fmt is None:
+            headers["Content-Type"] = "text/plain; charset=UTF-8"
+        else:
+            headers["X-ClickHouse-Format"] = outcome.fmt
+            text = outcome.fmt.startswith(_TEXT_FORMAT_PREFIXES)
+            headers["Content-Type"] = (
+                "text/plain; charset=UTF-8" if text else "application/octet-stream"
+            )
+        self._reply(200, outcome.body, headers)
+
+    def _reply_error(self, exc: ClickHouseError, query_id: str) -> None:
+        log.info("clickhouse.query_failed code=%s status=%s", exc.code, exc.status)
+        headers = self._common_headers(query_id)
+        headers["X-ClickHouse-Exception-Code"] = str(exc.code)
+        headers["Content-Type"] = "text/plain; charset=UTF-8"
+        if exc.status == 400:
+            self.close_connection = True  # the body may not have been consumed in full
+        self._reply(exc.status, exc.body(self.server.engine.version), headers)
+
+    def _common_headers(self, query_id: str) -> dict[str, str]:
+        return {
+            "X-ClickHouse-Query-Id": query_id,
+            "X-ClickHouse-Timezone": self.server.engine.timezone,
+            "X-ClickHouse-Server-Display-Name": DISPLAY_NAME,
+        }
+
+    def _reply(self, status: int, body: bytes, headers: Mapping[str, str]) -> None:
+        self.send_response(status)
+        for name, value in headers.items():
+            self.send_header(name, value)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (stdlib signature)
+        log.debug("clickhouse.http " + format, *args)
+
+
+class ClickHouseHTTPServer(ThreadingHTTPServer):
+    """A thread per connection in front of one ChdbEngine."""
+
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], engine: ChdbEngine) -> None:
+        self.engine = engine
+        super().__init__(address, _Handler)
+
+
+def serve(data_dir: Path, host: str, port: int) -> None:
+    """Open chDB on `data_dir`, serve HTTP on host:port until SIGTERM/SIGINT, then close."""
+    engine = ChdbEngine(data_dir)
+    try:
+        server = ClickHouseHTTPServer((host, port), engine)
+    except OSError as exc:
+        engine.close()
+        raise InfraError(f"cannot listen on {host}:{port}: {exc}") from exc
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    thread = threading.Thread(target=server.serve_forever, args=(0.2,), daemon=True)
+    thread.start()
+    bound_host, bound_port = server.server_address[:2]
+    log.info(
+        "clickhouse.listening host=%s port=%s data_dir=%s version=%s",
+        bound_host, bound_port, data_dir, engine.version,
+    )  # fmt: skip
+    while not stop.wait(0.5):
+        pass
+    log.info("clickhouse.stopping")
+    server.shutdown()
+    server.server_close()
+    engine.close()
+    log.info("clickhouse.stopped")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: `python -m infra.clickhouse_server --data-dir PATH --port N`."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--data-dir", type=Path, required=True, help="chDB data directory")
+    parser.add_argument("--host", default="127.0.0.1", help="listen address (keep loopback)")
+    parser.add_argument("--port", type=int, default=8123, help="listen port")
+    parser.add_argument("--log-level", default="INFO", help="DEBUG logs every request")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
+    try:
+        serve(args.data_dir, args.host, args.port)
+    except InfraError as exc:
+        log.error("clickhouse.failed error=%s", exc)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -347,6 +347,9 @@ class AvroDeserializer:
         except (EOFError, IndexError, StopIteration) as exc:
             # fastavro's C reader signals "read past the end" with IndexError
             raise SerdeError("truncated", f"schema id {schema_id}: body ends early") from exc
+        except SchemaResolutionError as exc:
+            detail = f"writer {schemas[0]['name']} cannot be read as {schemas[1]['name']}"
+            raise SerdeError("schema_violation", f"schema id {schema_id}: {detail}") from exc
         except Exception as exc:  # fastavro raises assorted errors on garbage input
             raise SerdeError("schema_violation", f"schema id {schema_id}: {_why(exc)}") from exc
         if buf.tell() != len(data):
@@ -363,6 +366,4 @@ def _why(exc: Exception) -> str:
     """A decode failure described without the bytes involved (they may be message content)."""
     if isinstance(exc, UnicodeDecodeError):
         return "a string field is not valid UTF-8"
-    if isinstance(exc, SchemaResolutionError):
-        return f"cannot resolve to the reader schema: {exc}"
     return f"{type(exc).__name__} while decoding"

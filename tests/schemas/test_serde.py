@@ -162,7 +162,12 @@ def test_record_written_with_another_schema_does_not_decode_as_this_one(
 ) -> None:
     """A record from the wrong topic cannot be resolved to the reader schema."""
     social = AvroSerializer(registry, "s", "social_event")(example("social_event"))
-    assert _reason(AvroDeserializer(registry, "delivery"), social) == "schema_violation"
+    with pytest.raises(SerdeError) as info:
+        AvroDeserializer(registry, "delivery")(social)
+    assert info.value.reason == "schema_violation"
+    assert info.value.detail == (
+        "schema id 1: writer herald.SocialEvent cannot be read as herald.Delivery"
+    )
 
 
 def test_registry_outage_is_not_a_bad_record(tmp_path: Path) -> None:

@@ -32,12 +32,16 @@ def canonical_json(text: str) -> str:
     return json.dumps(json.loads(text), separators=(",", ":"), ensure_ascii=False)
 
 
-@cache
 def schema_names() -> list[str]:
     """Names (file stems) of every schema shipped in this package, sorted."""
+    return list(_names())
+
+
+@cache
+def _names() -> tuple[str, ...]:
     root = resources.files(__name__)
-    names = [p.name[: -len(_SUFFIX)] for p in root.iterdir() if p.name.endswith(_SUFFIX)]
-    return sorted(names)
+    stems = (p.name[: -len(_SUFFIX)] for p in root.iterdir() if p.name.endswith(_SUFFIX))
+    return tuple(sorted(stems))
 
 
 @cache

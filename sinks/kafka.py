@@ -150,19 +150,26 @@ class _ProducerPartition(EpochFlushPartition[KafkaRecord]):
     def submit(self, items: list[KafkaRecord]) -> None:
         """Hand every item to librdkafka; waits (bounded) only while its queue is full."""
         self._tracker.raise_if_failed()
-        for record in items:
-            try:
-                retry_while_full(
-                    partial(self._produce, record),
-                    self._producer.poll,
-                    max_block=self._max_block,
-                    what=f"kafka sink {self._name}",
-                )
-            except KafkaException as exc:  # refused locally: too large, unknown partition...
-                err = exc.args[0] if exc.args else exc
-                code = err.name() if isinstance(err, KafkaError) else str(err)
-                raise DeliveryError(f"{self._name}: topic={record.topic} {code}") from exc
-            self._tracker.sent()
+        produce, on_delivery = self._producer.produce, self._on_delivery
+        sent = 0
+        try:
+            for record in items:
+                try:
+                    produce(record.topic, record.value, record.key, on_delivery=on_delivery)
+                except BufferError:  # queue full: serve callbacks until there is room
+                    retry_while_full(
+                        partial(self._produce, record),
+                        self._producer.poll,
+                        max_block=self._max_block,
+                        what=f"kafka sink {self._name}",
+                    )
+                sent += 1
+        except KafkaException as exc:  # refused locally: too large, unknown partition...
+            err = exc.args[0] if exc.args else exc
+            code = err.name() if isinstance(err, KafkaError) else str(err)
+            raise DeliveryError(f"{self._name}: topic={items[sent].topic} {code}") from exc
+        finally:
+            self._tracker.sent(sent)
         self._producer.poll(0)
 
     def flush(self) -> None:

@@ -7,6 +7,7 @@ Exceptions are for bugs and infrastructure; bad records flow as dead-letter data
     ├── SchemaError            Avro schema problems
     │   ├── SerdeError         a record could not be encoded/decoded (carries a reason code)
     │   ├── RegistryError      the schema registry refused or could not resolve a subject/id
+│   │   └── SchemaNotFoundError   the registry answered: no schema with that id (bad data)
     │   └── IncompatibleSchemaError   a schema change would break existing readers
     ├── InfraError             embedded services: start, health, shutdown
     │   └── AlreadyRunningError   a stack is already running in this run directory
@@ -44,6 +45,14 @@ class SerdeError(SchemaError):
 
 class RegistryError(SchemaError):
     """The schema registry refused a registration or could not resolve a subject or id."""
+
+
+class SchemaNotFoundError(RegistryError):
+    """The registry answered, and it has no schema with the requested id.
+
+    Distinct from other `RegistryError`s (registry unreachable, refused): a record naming an
+    unknown id is bad data (dead-lettered), an unreachable registry is an infrastructure fault.
+    """
 
 
 class IncompatibleSchemaError(SchemaError):

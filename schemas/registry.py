@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from herald.config import RegistrySettings
-from herald.errors import RegistryError
+from herald.errors import RegistryError, SchemaNotFoundError
 
 __all__ = [
     "ConfluentRegistry",
@@ -33,14 +33,6 @@ __all__ = [
     "SchemaRegistry",
     "make_registry",
 ]
-
-
-class SchemaNotFoundError(RegistryError):
-    """The registry answered, and it has no schema with the requested id.
-
-    Distinct from other `RegistryError`s (registry unreachable, refused): a record naming an
-    unknown id is bad data (dead-lettered), an unreachable registry is an infrastructure fault.
-    """
 
 
 @runtime_checkable

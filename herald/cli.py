@@ -229,6 +229,34 @@ def topics(
 
 
 @app.command()
+def schemas(
+    publish: Annotated[
+        list[str] | None,
+        typer.Option("--publish", help="Record the current version of this schema in history."),
+    ] = None,
+) -> None:
+    """Check every Avro schema in schemas/ against its published versions (backward compatible)."""
+    from schemas import compat
+
+    if publish:
+        for name in publish:
+            try:
+                changed = compat.publish(name)
+            except HeraldError as exc:
+                err.print(f"[red]{name}: not published:[/] {exc}")
+                raise typer.Exit(1) from exc
+            console.print(f"{name}: {'published a new version' if changed else 'unchanged'}")
+        return
+    problems = compat.check_all()
+    failing = {name: p for name, p in problems.items() if p}
+    for name, found in sorted(problems.items()):
+        console.print(f"{'[red]✗[/]' if found else '[green]✓[/]'} {name}")
+        for problem in found:
+            console.print(f"    {problem}")
+    raise typer.Exit(1 if failing else 0)
+
+
+@app.command()
 def logs(
     name: Annotated[str, typer.Argument(help="Component name, e.g. kafka, redis, accepted.")],
     lines: Annotated[int, typer.Option("-n", help="Number of lines.")] = 40,

@@ -64,7 +64,7 @@ def consume(
                 if err is None:
                     out.append((msg.key(), msg.value()))
                 elif err.code() == KafkaError._PARTITION_EOF:
-                    ended.add(msg.partition())
+                    ended.add(msg.partition() or 0)
             if at_least is None and len(ended) == n_parts:
                 break
             if at_least is not None and len(out) >= at_least:

@@ -1,0 +1,115 @@
+"""accepted: record that every notification request entered the pipeline.
+
+    herald.requests.{transactional,normal,bulk}  (Avro notification_request)
+        -> one delivery_event per request, state ACCEPTED
+        -> herald.delivery-events (Avro, key = delivery_id) and ClickHouse herald.delivery_events
+    undecodable records -> herald.dead-letters with their reason; the job keeps going
+
+Run: `python -m bytewax.run "dataflows.accepted:build_flow()"` (settings from HERALD_* env vars).
+
+Idempotency: the event id is `"{notification_id}:ACCEPTED"`, so a request re-read after a
+restart yields the same event (the ClickHouse table and event consumers deduplicate by it);
+the request-level delivery_id is the notification_id.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+import bytewax.operators as op
+from bytewax.dataflow import Dataflow
+
+from dataflows._common import produce_with_dead_letters
+from herald.config import HeraldSettings
+from schemas import schema_text
+from schemas.registry import make_registry
+from sinks.clickhouse import ClickHouseSink
+from sinks.kafka import encode_avro, topic_serializer
+from sources.kafka import Decoded, kafka_avro_input
+
+JOB = "accepted"
+REQUEST_TOPICS = ("herald.requests.transactional", "herald.requests.normal", "herald.requests.bulk")
+EVENTS_TOPIC = "herald.delivery-events"
+EVENTS_TABLE = "delivery_events"
+STATE = "ACCEPTED"
+
+
+def event_columns() -> list[str]:
+    """ClickHouse columns of herald.delivery_events: the delivery_event schema's field names."""
+    return [field["name"] for field in json.loads(schema_text("delivery_event"))["fields"]]
+
+
+def accepted_event(request: Mapping[str, Any], recorded_at: datetime) -> dict[str, Any]:
+    """The request-level ACCEPTED delivery_event of one notification_request (pure).
+
+    `user_id` is the recipient when the request names exactly one user, else "" (several users
+    or a segment); `channel` is "" (request level); `occurred_at` is the request's accepted_at.
+    """
+    recipients = request["recipients"]
+    user_ids = recipients["user_ids"]
+    attributes = {"request_id": request["request_id"], "source": request["source"]}
+    if recipients.get("segment_id"):
+        attributes["segment_id"] = recipients["segment_id"]
+    else:
+        attributes["recipient_count"] = str(len(user_ids))
+    return {
+        "event_id": f"{request['notification_id']}:{STATE}",
+        "delivery_id": request["notification_id"],
+        "notification_id": request["notification_id"],
+        "user_id": user_ids[0] if len(user_ids) == 1 else "",
+        "tenant_id": request["tenant_id"],
+        "notification_type": request["notification_type"],
+        "channel": "",
+        "traffic_class": request["traffic_class"],
+        "state": STATE,
+        "reason": None,
+        "provider": None,
+        "provider_msg_id": None,
+        "attempt": 0,
+        "latency_ms": None,
+        "occurred_at": request["accepted_at"],
+        "recorded_at": recorded_at,
+        "attributes": attributes,
+    }
+
+
+def _to_event(decoded: Decoded) -> dict[str, Any]:
+    return accepted_event(decoded.value, datetime.now(UTC))
+
+
+def _delivery_id(event: Mapping[str, Any]) -> str:
+    return str(event["delivery_id"])
+
+
+def build_flow(settings: HeraldSettings | None = None, *, bounded: bool = False) -> Dataflow:
+    """The accepted job. `settings` default to the environment (entry point only).
+
+    `bounded=True` stops at the current end of the request topics (tests, backfills).
+    """
+    settings = settings if settings is not None else HeraldSettings()
+    registry = make_registry(settings.registry)
+    kafka = settings.kafka
+    flow = Dataflow("accepted")
+    requests = kafka_avro_input(
+        "requests_in", flow, settings=settings, topics=REQUEST_TOPICS, registry=registry,
+        reader_schema="notification_request", job=JOB, stop_at_end=bounded,
+    )  # fmt: skip
+    # oks: Decoded(KafkaMessage, notification_request dict); errs: dead_letter dict
+    events = op.map("to_accepted_event", requests.oks, _to_event)
+    # delivery_event dict (state ACCEPTED)
+    encoded = encode_avro(
+        "encode_events", events, serializer=topic_serializer(kafka, registry, EVENTS_TOPIC),
+        topic=kafka.topic(EVENTS_TOPIC), key=_delivery_id, job=JOB,
+    )  # fmt: skip
+    # oks: KafkaRecord for herald.delivery-events; errs: dead_letter dict
+    dead_letters = op.merge("dead_letters", requests.errs, encoded.errs)
+    # dead_letter dict
+    produce_with_dead_letters(
+        "kafka_out", encoded.oks, dead_letters, kafka=kafka, registry=registry
+    )
+    sink = ClickHouseSink(settings.clickhouse, EVENTS_TABLE, event_columns())
+    op.output("clickhouse_out", events, sink)
+    return flow

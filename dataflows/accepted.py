@@ -7,9 +7,9 @@
 
 Run: `python -m bytewax.run "dataflows.accepted:build_flow()"` (settings from HERALD_* env vars).
 
-Idempotency: the event id is `"{notification_id}:ACCEPTED"`, so a request re-read after a
-restart yields the same event (the ClickHouse table and event consumers deduplicate by it);
-the request-level delivery_id is the notification_id.
+Idempotency: the event id is `herald.ids.event_id(notification_id, "ACCEPTED", 0)` (the
+request-level delivery_id is the notification_id), so a request re-read after a restart yields
+the same event; the ClickHouse table and event consumers deduplicate by it.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import bytewax.operators as op
 from bytewax.dataflow import Dataflow
 
 from dataflows._common import produce_with_dead_letters
+from herald import ids
 from herald.config import HeraldSettings
 from schemas import schema_text
 from schemas.registry import make_registry
@@ -56,7 +57,7 @@ def accepted_event(request: Mapping[str, Any], recorded_at: datetime) -> dict[st
     else:
         attributes["recipient_count"] = str(len(user_ids))
     return {
-        "event_id": f"{request['notification_id']}:{STATE}",
+        "event_id": ids.event_id(request["notification_id"], STATE, 0),
         "delivery_id": request["notification_id"],
         "notification_id": request["notification_id"],
         "user_id": user_ids[0] if len(user_ids) == 1 else "",

@@ -17,6 +17,7 @@ from bytewax.testing import run_main
 
 from dataflows.accepted import EVENTS_TOPIC, accepted_event, build_flow, event_columns
 from herald.config import HeraldSettings
+from herald.ids import event_id
 from infra.clickhouse import herald_client
 from schemas import load_schema
 from tests.dataflows.helpers import consume, decoder, encoder, produce
@@ -40,7 +41,8 @@ def test_accepted_event_is_a_valid_idempotent_delivery_event() -> None:
     event = accepted_event(req, recorded_at=NOW + timedelta(seconds=1))
 
     assert validate(event, load_schema("delivery_event"), strict=True)
-    assert event["event_id"] == "n-7:ACCEPTED"
+    assert event["event_id"] == event_id("n-7", "ACCEPTED", 0)
+    assert accepted_event(req, recorded_at=NOW)["event_id"] == event["event_id"]  # idempotent
     assert (event["delivery_id"], event["notification_id"], event["user_id"]) == ("n-7",) * 2 + (
         "u-1",
     )
@@ -73,7 +75,7 @@ def events_and_letters(
     decode = decoder(settings)
     events = consume(settings, EVENTS_TOPIC, at_least=2 if wait else None)
     letters = consume(settings, DEAD_LETTERS, at_least=2 if wait else None)
-    by_id = {decode(v)["event_id"]: decode(v) for _k, v in events}
+    by_id = {decode(v)["notification_id"]: decode(v) for _k, v in events}
     return by_id, [decode(v) for _k, v in letters]
 
 
@@ -81,8 +83,8 @@ def clickhouse_rows(settings: HeraldSettings, notification_ids: list[str]) -> li
     client = herald_client(settings.clickhouse)
     try:
         result = client.query(
-            "SELECT event_id, state, traffic_class FROM herald.delivery_events"
-            " WHERE notification_id IN {ids:Array(String)} ORDER BY event_id",
+            "SELECT notification_id, event_id, state, traffic_class FROM herald.delivery_events"
+            " WHERE notification_id IN {ids:Array(String)} ORDER BY notification_id",
             parameters={"ids": notification_ids},
         )
         return [tuple(row) for row in result.result_rows]
@@ -92,8 +94,9 @@ def clickhouse_rows(settings: HeraldSettings, notification_ids: list[str]) -> li
 
 def assert_outputs(settings: HeraldSettings, ids: list[str], wait: bool = False) -> None:
     events, letters = events_and_letters(settings, wait)
-    assert sorted(events) == [f"{i}:ACCEPTED" for i in ids]
-    assert events[f"{ids[1]}:ACCEPTED"]["traffic_class"] == "transactional"
+    assert sorted(events) == ids
+    assert {e["event_id"] for e in events.values()} == {event_id(i, "ACCEPTED", 0) for i in ids}
+    assert events[ids[1]]["traffic_class"] == "transactional"
     assert sorted((d["reason"], d["value"]) for d in letters) == [
         ("bad_magic_byte", b"garbage"),
         ("truncated", b"\x00\x00\x00\x00"),
@@ -110,8 +113,8 @@ def test_bounded_run_in_process(settings: HeraldSettings) -> None:
 
     assert_outputs(settings, ids)
     assert clickhouse_rows(settings, ids) == [
-        (f"{ids[0]}:ACCEPTED", "ACCEPTED", "normal"),
-        (f"{ids[1]}:ACCEPTED", "ACCEPTED", "transactional"),
+        (ids[0], event_id(ids[0], "ACCEPTED", 0), "ACCEPTED", "normal"),
+        (ids[1], event_id(ids[1], "ACCEPTED", 0), "ACCEPTED", "transactional"),
     ]
 
 
@@ -178,7 +181,7 @@ def test_end_to_end_smoke(settings: HeraldSettings, subprocess_env: dict[str, st
         ids = produce_requests(settings)
         assert_outputs(settings, ids, wait=True)
         rows = wait_for_rows(settings, ids, 2, timeout=20)
-        assert [row[0] for row in rows] == [f"{i}:ACCEPTED" for i in ids]
+        assert [row[:2] for row in rows] == [(i, event_id(i, "ACCEPTED", 0)) for i in ids]
         assert job.running(), "the job must keep running after poison records"
     finally:
         output = job.stop()

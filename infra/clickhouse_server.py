@@ -1,100 +1,103 @@
 """The embedded ClickHouse service: one process owns chDB and speaks ClickHouse's HTTP interface.
 
 Why this process exists
-    chDB (ClickHouse 26 in-process) allows exactly one process per data directory: it locks the
-    directory. Herald has many processes that need ClickHouse (Bytewax jobs, the API, dashboards,
-    the CLI, tests). So in the embedded stack ONE process, the ``clickhouse`` service started by
-    the launcher, opens the data directory and serves the part of ClickHouse's HTTP interface
-    that clickhouse-connect's ``HttpClient`` uses. Every other process talks to it with the
-    ordinary client, ``clickhouse_connect.get_client(dsn="http://127.0.0.1:PORT")``, exactly as
-    in production against a real server: no code path differs between embedded and production,
-    and nothing but this process ever opens chDB.
+    chDB (ClickHouse 26 in-process) allows exactly one process per data directory (it locks the
+    directory). Herald has many processes that need ClickHouse (Bytewax jobs, the API,
+    dashboards, the CLI, tests). So in the embedded stack ONE process, the `clickhouse` service
+    started by the launcher, opens the data directory and serves the part of ClickHouse's HTTP
+    interface that clickhouse-connect's HttpClient uses. Every other process uses the ordinary
+    client (`infra.clickhouse.herald_client`, i.e. `clickhouse_connect.get_client(dsn=...)`)
+    exactly as in production against a real server: no code path differs between embedded and
+    production, and nothing but this process ever opens chDB.
 
-Run
-    python -m infra.clickhouse_server --data-dir PATH --host 127.0.0.1 --port 8123
-    Ready when ``GET /ping`` answers 200 ``Ok.``; SIGTERM/SIGINT stop it and close the session.
+Run: `python -m infra.clickhouse_server --data-dir PATH --host 127.0.0.1 --port 8123`; ready
+when `GET /ping` answers 200 `Ok.`. SIGTERM/SIGINT finish the running statement, close the
+session, exit 0. Exit 2: the data directory is owned by another process, or the port is taken.
 
-What is served (see ClickHouse's "HTTP Interface" documentation)
-    GET /ping, GET /               -> 200 "Ok.\\n"
-    GET|POST /?query=SQL           -> the URL query, followed by the body if any, is the SQL
-    POST / (body SQL)              -> the body is the SQL
-    INSERT ... FORMAT F + data     -> statement in ``query`` (or at the head of the body), data in
-                                      the body; streamed into chDB's ``send_insert`` in format F
-    URL parameters: ``database``, ``default_format``, ``query_id``, ``param_NAME`` (server-side
-    binding of ``{NAME:Type}``); every other non-transport parameter is a ClickHouse setting.
+Protocol served (ClickHouse "HTTP Interface")
+    GET /ping, GET /          -> 200 "Ok.\\n"
+    GET|POST /?query=SQL      -> SQL is the `query` parameter followed by the body, if any;
+                                 POST / with only a body: the body is the SQL
+    INSERT ... FORMAT F       -> the statement (in `query` or at the head of the body) and its
+                                 data (the body) are streamed into chDB's `send_insert`
+    URL parameters: `database`, `default_format`, `query_id`, `param_NAME` (server-side binding
+    of `{NAME:Type}`), `readonly`; other non-transport parameters are ClickHouse settings.
+    multipart/form-data bodies carry `query` and `param_*` fields (long bind parameters).
     Responses carry X-ClickHouse-Query-Id, -Format (statements with a result set), -Timezone,
-    -Summary and -Server-Display-Name. Errors are HTTP 500 (400 for a malformed request) with
-    ClickHouse's ``Code: N. DB::Exception: ...`` text and the X-ClickHouse-Exception-Code header,
-    so the client raises ``DatabaseError`` with the right code.
+    -Summary, -Server-Display-Name; errors are HTTP 500 (400: malformed request) with
+    `Code: N. DB::Exception: ...` and X-ClickHouse-Exception-Code, so the client raises
+    DatabaseError carrying the code.
 
-Limits (deliberate; the embedded stack serves one machine on loopback)
-    - One chDB session: statements run one at a time under a lock; throughput is chDB's.
-    - Results are built in memory before being sent (no streaming of huge results).
+Limits (deliberate: this serves one machine on loopback)
+    - One chDB session: statements run one at a time under a lock.
+    - Results are built in memory before being sent; request bodies are read whole.
     - Request bodies may be lz4/zstd/gzip/deflate encoded (the client compresses inserts by
-      default); responses are never compressed (pointless on loopback); ``decompress=1``
-      (ClickHouse's native block compression) is refused.
-    - ``session_id`` is ignored: all clients share one session, so ``SET``/``USE`` statements and
-      temporary tables are visible to everyone. Per-request settings are applied with ``SET`` and
-      reset with ``SET name = DEFAULT`` when a later request no longer sends them.
-    - No users, passwords or TLS: bind to loopback only. No external-data tables.
+      default); responses are never compressed; `decompress=1` (native blocks) is refused.
+    - `session_id` is ignored: all clients share the session, so SET/USE statements and
+      temporary tables are visible to all. Per-request settings are applied with SET and reset
+      with `SET name = DEFAULT` when a later request no longer sends them.
+    - No users, passwords or TLS (bind to loopback), no external-data tables.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import gzip
+import io
 import json
 import logging
 import re
 import signal
 import threading
 import uuid
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 from urllib.parse import parse_qsl, urlsplit
+
+import lz4.frame
+from backports import zstd
 
 from herald.errors import InfraError
 
 log = logging.getLogger(__name__)
 
 DISPLAY_NAME = "herald-chdb"
+# ClickHouse error codes for errors raised by this facade itself.
+BAD_ARGUMENTS, NOT_IMPLEMENTED, READONLY, ABORTED = 36, 48, 164, 236
+CANNOT_DECOMPRESS, UNKNOWN_COMPRESSION_METHOD, STD_EXCEPTION = 271, 638, 1001
 
-# ClickHouse error codes used for errors raised by this facade itself.
-BAD_ARGUMENTS = 36
-NOT_IMPLEMENTED = 48
-UNKNOWN_COMPRESSION_METHOD = 638
-ABORTED = 236
-
-# URL parameters that steer the HTTP transport and are never forwarded as settings.
-_TRANSPORT_PARAMS = frozenset(
-    {
-        "query", "database", "default_format", "query_id", "session_id", "session_timeout",
-        "session_check", "compress", "decompress", "client_protocol_version", "buffer_size",
-        "wait_end_of_query", "role", "quota_key", "user", "password", "enable_http_compression",
-        "send_progress_in_http_headers", "cancel_http_readonly_queries_on_client_close",
-    }
-)  # fmt: skip
-_SETTING_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# URL parameters that steer the transport; never forwarded as settings (nor are `http_*`).
+_TRANSPORT_PARAMS = frozenset((
+    "query", "database", "default_format", "query_id", "session_id", "session_timeout",
+    "session_check", "compress", "decompress", "client_protocol_version", "buffer_size",
+    "wait_end_of_query", "role", "quota_key", "user", "password", "readonly",
+    "enable_http_compression", "send_progress_in_http_headers",
+    "cancel_http_readonly_queries_on_client_close",
+))  # fmt: skip
+_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _NUMBER_RE = re.compile(r"-?\d+(\.\d+)?")
 _CODE_RE = re.compile(r"Code: (\d+)\.")
 _TRAILING_FORMAT_RE = re.compile(r"\bFORMAT\s+(\w+)\s*;?\s*$", re.IGNORECASE)
-_COMMENTS_RE = re.compile(r"\A(?:\s+|--[^\n]*(?:\n|\Z)|/\*.*?\*/)*", re.DOTALL)
+_LEADING_NOISE_RE = re.compile(r"\A(?:\s+|--[^\n]*(?:\n|\Z)|/\*.*?\*/)*", re.DOTALL)
 _RESULT_KEYWORDS = ("SELECT", "WITH", "SHOW", "DESC", "EXISTS", "EXPLAIN", "CHECK", "(")
-# `INSERT INTO <target> FORMAT <fmt>` then one optional line break; data follows.
+# `INSERT INTO <target> FORMAT <fmt>`, one optional line break, then the data.
 _DATA_INSERT_RE = re.compile(
     rb"\A\s*INSERT\s+INTO\s+(?P<target>(?:[^'`\"]|'(?:[^'\\]|\\.)*'|`[^`]*`|\"[^\"]*\")+?)"
     rb"\s+FORMAT\s+(?P<fmt>\w+)[ \t]*(?:\r?\n)?",
     re.IGNORECASE | re.DOTALL,
 )
-_NOT_DATA_INSERT_RE = re.compile(rb"\b(?:VALUES|SELECT|WITH)\b", re.IGNORECASE)
-_TEXT_FORMAT_PREFIXES = ("TabSeparated", "TSV", "CSV", "JSON", "Pretty", "Values", "Vertical")
+_QUOTED_RE = re.compile(rb"'(?:[^'\\]|\\.)*'|`[^`]*`|\"[^\"]*\"")
+_INLINE_DATA_RE = re.compile(rb"\b(?:VALUES|SELECT|WITH)\b", re.IGNORECASE)
+_TEXT_FORMATS = ("TabSeparated", "TSV", "CSV", "JSON", "Pretty", "Values", "Vertical")
 
 
 class ClickHouseError(Exception):
-    """An error reported to the client as ClickHouse does: ``Code: N. DB::Exception: ...``."""
+    """An error reported to the client as ClickHouse does: `Code: N. DB::Exception: ...`."""
 
     def __init__(self, code: int, message: str, status: int = 500) -> None:
         super().__init__(message)
@@ -103,10 +106,9 @@ class ClickHouseError(Exception):
 
     @classmethod
     def from_engine(cls, exc: BaseException) -> ClickHouseError:
-        """Wrap a chDB exception, whose text already is ``Code: N. DB::Exception: ...``."""
-        text = str(exc)
-        match = _CODE_RE.search(text)
-        return cls(int(match.group(1)) if match else 1000, text)
+        """Wrap a chDB exception, whose text already is `Code: N. DB::Exception: ...`."""
+        match = _CODE_RE.search(str(exc))
+        return cls(int(match.group(1)) if match else STD_EXCEPTION, str(exc))
 
     def body(self, version: str) -> bytes:
         """The response body ClickHouse would send for this error."""
@@ -118,20 +120,21 @@ class ClickHouseError(Exception):
 
 @dataclass(frozen=True)
 class Statement:
-    """One request, decoded: SQL (or an INSERT head plus its data) and its context."""
+    """One decoded request: SQL (or an INSERT head plus its data) and its context."""
 
     sql: str
-    data: bytes | None = None  # set for `INSERT ... FORMAT fmt` with a data body
+    data: bytes | None = None  # set for `INSERT ... FORMAT data_format` with its data
     data_format: str = ""
     database: str = "default"
     default_format: str = "TabSeparated"
+    readonly: bool = False
     settings: Mapping[str, str] = field(default_factory=dict)
     params: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class Outcome:
-    """What a statement produced: the response body, its format (None: no result set), stats."""
+    """What a statement produced: body, output format (None: no result set), summary."""
 
     body: bytes
     fmt: str | None
@@ -139,39 +142,46 @@ class Outcome:
 
 
 def parse_statement(params: Mapping[str, str], body: bytes) -> Statement:
-    """Turn URL parameters and a (decompressed) body into a Statement, as ClickHouse does."""
-    settings: dict[str, str] = {}
-    binds: dict[str, str] = {}
-    for name, value in params.items():
-        if name.startswith("param_"):
-            binds[name[len("param_") :]] = value
-        elif name not in _TRANSPORT_PARAMS and not name.startswith("http_"):
-            if not _SETTING_NAME_RE.fullmatch(name):
-                raise ClickHouseError(BAD_ARGUMENTS, f"Invalid setting name {name!r}", 400)
-            settings[name] = value
+    """Turn URL parameters and a decompressed body into a Statement, as ClickHouse does."""
+    settings = {k: v for k, v in params.items() if _is_setting(k)}
     context: dict[str, Any] = {
         "database": params.get("database") or "default",
         "default_format": params.get("default_format") or "TabSeparated",
+        "readonly": params.get("readonly", "0") not in ("", "0"),
         "settings": settings,
-        "params": binds,
+        "params": {k[len("param_") :]: v for k, v in params.items() if k.startswith("param_")},
     }
     query = params.get("query", "")
     if query:
-        insert = _DATA_INSERT_RE.match(query.encode())
-        if insert and not _NOT_DATA_INSERT_RE.search(insert.group("target")):
+        insert = _data_insert(query.encode())
+        if insert:
             return _insert_statement(insert, body, context)
         return Statement(sql=f"{query}\n{_text(body)}" if body else query, **context)
-    insert = _DATA_INSERT_RE.match(body[:16384])
-    if insert and not _NOT_DATA_INSERT_RE.search(insert.group("target")):
+    insert = _data_insert(body[:16384])
+    if insert:
         return _insert_statement(insert, body[insert.end() :], context)
     return Statement(sql=_text(body), **context)
 
 
+def _is_setting(name: str) -> bool:
+    if name in _TRANSPORT_PARAMS or name.startswith(("param_", "http_")):
+        return False
+    if not _NAME_RE.fullmatch(name):
+        raise ClickHouseError(BAD_ARGUMENTS, f"Invalid setting name {name!r}", 400)
+    return True
+
+
+def _data_insert(head: bytes) -> re.Match[bytes] | None:
+    """The `INSERT INTO target FORMAT fmt` head of a data insert (not INSERT VALUES/SELECT)."""
+    match = _DATA_INSERT_RE.match(head)
+    if match and not _INLINE_DATA_RE.search(_QUOTED_RE.sub(b"", match.group("target"))):
+        return match
+    return None
+
+
 def _insert_statement(insert: re.Match[bytes], data: bytes, context: dict[str, Any]) -> Statement:
-    target = _text(insert.group("target"))
-    return Statement(
-        sql=f"INSERT INTO {target}", data=data, data_format=_text(insert.group("fmt")), **context
-    )
+    sql, fmt = f"INSERT INTO {_text(insert.group('target'))}", _text(insert.group("fmt"))
+    return Statement(sql=sql, data=data, data_format=fmt, **context)
 
 
 def _text(raw: bytes) -> str:
@@ -186,11 +196,11 @@ def result_format(sql: str, default_format: str) -> str | None:
     match = _TRAILING_FORMAT_RE.search(sql)
     if match:
         return match.group(1)
-    head = _COMMENTS_RE.sub("", sql, count=1)[:16].upper()
+    head = _LEADING_NOISE_RE.sub("", sql, count=1)[:16].upper()
     return default_format if head.startswith(_RESULT_KEYWORDS) else None
 
 
-def _setting_literal(value: str) -> str:
+def _literal(value: str) -> str:
     if _NUMBER_RE.fullmatch(value):
         return value
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
@@ -199,11 +209,11 @@ def _setting_literal(value: str) -> str:
 class ChdbEngine:
     """The one chDB session of this process; every statement runs under its lock.
 
-    Opening fails with InfraError when another process holds the data directory.
+    Opening raises InfraError when another process holds the data directory.
     """
 
     def __init__(self, data_dir: Path) -> None:
-        import chdb  # imported here: nothing but this service ever loads chDB
+        import chdb  # here, not at import time: nothing but this service ever loads chDB
 
         data_dir.mkdir(parents=True, exist_ok=True)
         try:
@@ -211,21 +221,21 @@ class ChdbEngine:
         except Exception as exc:
             raise InfraError(f"cannot open chDB data directory {data_dir}: {exc}") from exc
         self._lock = threading.Lock()
-        self._database: str | None = None
-        self._settings: dict[str, str] = {}
+        self._database: str | None = None  # None: unknown, USE before the next statement
+        self._settings: dict[str, str] = {}  # settings currently SET on the session
         row = self._conn.query("SELECT version(), timezone()", "TabSeparated").bytes()
         self.version, self.timezone = row.decode().strip().split("\t")
 
     def execute(self, stmt: Statement) -> Outcome:
-        """Run one statement with its database and settings; raise ClickHouseError on failure."""
+        """Run one statement in its database with its settings; raise ClickHouseError."""
+        if stmt.readonly and (stmt.data is not None or result_format(stmt.sql, "") is None):
+            raise ClickHouseError(READONLY, "Cannot execute query in readonly mode. (READONLY)")
         with self._lock:
             if self._conn is None:
                 raise ClickHouseError(ABORTED, "Server is shutting down", 503)
             try:
                 self._prepare(stmt)
-                if stmt.data is not None:
-                    return self._insert(stmt)
-                return self._query(stmt)
+                return self._insert(stmt) if stmt.data is not None else self._query(stmt)
             except ClickHouseError:
                 raise
             except Exception as exc:
@@ -242,25 +252,17 @@ class ChdbEngine:
         for name, value in stmt.settings.items():
             if self._settings.get(name) != value:
                 self._settings.pop(name, None)
-                self._conn.query(f"SET {name} = {_setting_literal(value)}", "TabSeparated")
+                self._conn.query(f"SET {name} = {_literal(value)}", "TabSeparated")
                 self._settings[name] = value
 
     def _query(self, stmt: Statement) -> Outcome:
         fmt = result_format(stmt.sql, stmt.default_format)
         result = self._conn.query(stmt.sql, fmt or stmt.default_format, params=dict(stmt.params))
-        if _COMMENTS_RE.sub("", stmt.sql, count=1)[:4].upper() == "USE ":
-            self._database = None  # a USE statement moved the shared session
-        summary = {
-            "read_rows": str(result.storage_rows_read()),
-            "read_bytes": str(result.storage_bytes_read()),
-            "written_rows": str(result.rows_written()),
-            "written_bytes": str(result.bytes_written()),
-            "total_rows_to_read": str(result.storage_rows_read()),
-            "result_rows": str(result.rows_read()),
-            "result_bytes": str(result.bytes_read()),
-            "elapsed_ns": str(int(result.elapsed() * 1e9)),
-        }
-        return Outcome(result.bytes() or b"", fmt, summary)
+        if re.match(r"USE\b", _LEADING_NOISE_RE.sub("", stmt.sql, count=1), re.IGNORECASE):
+            self._database = None  # the statement moved the shared session
+        stats = (result.storage_rows_read(), result.storage_bytes_read(), result.rows_written())
+        more = (result.bytes_written(), result.rows_read(), result.bytes_read(), result.elapsed())
+        return Outcome(result.bytes() or b"", fmt, _summary(*stats, *more))
 
     def _insert(self, stmt: Statement) -> Outcome:
         assert stmt.data is not None
@@ -269,23 +271,13 @@ class ChdbEngine:
             view = memoryview(stmt.data)
             for start in range(0, len(view), 8 << 20):
                 inserter.append(view[start : start + (8 << 20)])
-            result = inserter.finish()
+            done = inserter.finish()
         except BaseException:
             with contextlib.suppress(Exception):
                 inserter.cancel()
             raise
-        written = str(result.rows_written)
-        summary = {
-            "read_rows": written,
-            "read_bytes": str(len(stmt.data)),
-            "written_rows": written,
-            "written_bytes": str(result.bytes_written),
-            "total_rows_to_read": "0",
-            "result_rows": written,
-            "result_bytes": str(result.bytes_written),
-            "elapsed_ns": str(int(result.elapsed * 1e9)),
-        }
-        return Outcome(b"", None, summary)
+        rows, size = done.rows_written, done.bytes_written
+        return Outcome(b"", None, _summary(rows, len(stmt.data), rows, size, 0, 0, done.elapsed))
 
     def close(self) -> None:
         """Wait for the running statement, then close the session. Idempotent."""
@@ -295,37 +287,46 @@ class ChdbEngine:
                 self._conn = None
 
 
+def _summary(
+    read_rows: int, read_bytes: int, written_rows: int, written_bytes: int,
+    result_rows: int, result_bytes: int, elapsed: float,
+) -> dict[str, str]:  # fmt: skip
+    """X-ClickHouse-Summary: ClickHouse sends every figure as a string."""
+    return {
+        "read_rows": str(read_rows), "read_bytes": str(read_bytes),
+        "written_rows": str(written_rows), "written_bytes": str(written_bytes),
+        "total_rows_to_read": str(read_rows), "result_rows": str(result_rows),
+        "result_bytes": str(result_bytes), "elapsed_ns": str(int(elapsed * 1e9)),
+    }  # fmt: skip
+
+
 def decompress(data: bytes, encoding: str) -> bytes:
     """Decode a request body sent with Content-Encoding `encoding` (possibly several frames)."""
     encoding = encoding.strip().lower()
-    if encoding in ("", "identity"):
-        return data
-    if encoding == "gzip":
-        import gzip
-
-        return gzip.decompress(data)
-    if encoding == "deflate":
-        import zlib
-
-        return zlib.decompress(data)
-    if encoding == "zstd":
-        from backports import zstd
-
-        return zstd.decompress(data)
-    if encoding == "lz4":
-        import lz4.frame
-
-        out: list[bytes] = []
-        while data:  # clickhouse-connect sends one LZ4 frame per block
-            frames = lz4.frame.LZ4FrameDecompressor()
-            out.append(frames.decompress(data))
-            data = frames.unused_data if frames.eof else b""
-        return b"".join(out)
+    try:
+        if encoding in ("", "identity"):
+            return data
+        if encoding == "gzip":
+            return gzip.decompress(data)
+        if encoding == "deflate":
+            return zlib.decompress(data)
+        if encoding == "zstd":
+            return zstd.decompress(data)
+        if encoding == "lz4":
+            out: list[bytes] = []
+            while data:  # clickhouse-connect sends one LZ4 frame per block
+                frames = lz4.frame.LZ4FrameDecompressor()
+                out.append(frames.decompress(data))
+                data = frames.unused_data if frames.eof else b""
+            return b"".join(out)
+    except Exception as exc:
+        message = f"Cannot decode {encoding} body: {exc}"
+        raise ClickHouseError(CANNOT_DECOMPRESS, message, 400) from None
     raise ClickHouseError(UNKNOWN_COMPRESSION_METHOD, f"Unknown Content-Encoding {encoding!r}", 400)
 
 
-def read_chunked(rfile: BinaryIO) -> bytes:
-    """Read a `Transfer-Encoding: chunked` request body (clickhouse-connect streams inserts)."""
+def read_chunked(rfile: io.BufferedIOBase) -> bytes:
+    """Read a `Transfer-Encoding: chunked` body (clickhouse-connect streams inserts so)."""
     parts: list[bytes] = []
     while True:
         line = rfile.readline(65537)
@@ -341,25 +342,26 @@ def read_chunked(rfile: BinaryIO) -> bytes:
         rfile.readline(65537)  # the CRLF closing the chunk
 
 
-def _parse_form(content_type: str, body: bytes) -> dict[str, str]:
-    """Fields of a multipart/form-data body (clickhouse-connect sends long bind params so)."""
+def parse_form(content_type: str, body: bytes) -> dict[str, str]:
+    """The fields of a multipart/form-data body; file fields (external data) are refused."""
     from email.parser import BytesParser
     from email.policy import HTTP
 
-    head = f"Content-Type: {content_type}\r\n\r\n".encode()
-    message = BytesParser(policy=HTTP).parsebytes(head + body)
+    message = BytesParser(policy=HTTP).parsebytes(
+        f"Content-Type: {content_type}\r\n\r\n".encode() + body
+    )
     fields: dict[str, str] = {}
     for part in message.iter_parts():
         if part.get_filename():
             raise ClickHouseError(NOT_IMPLEMENTED, "External data tables are not supported", 400)
+        payload = part.get_payload(decode=True)
         name = part.get_param("name", header="content-disposition")
-        payload = part.get_payload(decode=True) or b""
-        fields[str(name)] = _text(payload)
+        fields[str(name)] = _text(payload if isinstance(payload, bytes) else b"")
     return fields
 
 
 class _Handler(BaseHTTPRequestHandler):
-    """One HTTP/1.1 keep-alive connection; requests on it run one after the other."""
+    """One HTTP/1.1 keep-alive connection; its requests run one after the other."""
 
     protocol_version = "HTTP/1.1"
     disable_nagle_algorithm = True  # headers and body are separate writes: avoid 40 ms stalls
@@ -378,17 +380,19 @@ class _Handler(BaseHTTPRequestHandler):
             url = urlsplit(self.path)
             params = dict(parse_qsl(url.query, keep_blank_values=True))
             query_id = params.get("query_id") or query_id
-            if url.path in ("/ping", "/replicas_status") or (url.path == "/" and not url.query):
-                if not body:
-                    self._reply(200, b"Ok.\n", {"Content-Type": "text/plain; charset=UTF-8"})
-                    return
-            elif url.path != "/":
+            if url.path == "/ping" or (url.path == "/" and not url.query and not body):
+                self._reply(200, b"Ok.\n", {"Content-Type": "text/plain; charset=UTF-8"})
+                return
+            if url.path != "/":
                 raise ClickHouseError(NOT_IMPLEMENTED, f"No handler for {url.path}", 404)
             outcome = self.server.engine.execute(self._statement(params, body))
         except ClickHouseError as exc:
             self._reply_error(exc, query_id)
-            return
-        self._reply_outcome(outcome, query_id)
+        except Exception as exc:
+            log.exception("clickhouse.request_failed")
+            self._reply_error(ClickHouseError(STD_EXCEPTION, repr(exc)), query_id)
+        else:
+            self._reply_outcome(outcome, query_id)
 
     def _read_body(self) -> bytes:
         if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
@@ -402,21 +406,19 @@ class _Handler(BaseHTTPRequestHandler):
         body = decompress(body, self.headers.get("Content-Encoding", ""))
         content_type = self.headers.get("Content-Type", "")
         if content_type.startswith("multipart/form-data"):
-            params.update(_parse_form(content_type, body))
+            params.update(parse_form(content_type, body))
             body = b""
         return parse_statement(params, body)
 
     def _reply_outcome(self, outcome: Outcome, query_id: str) -> None:
         headers = self._common_headers(query_id)
         headers["X-ClickHouse-Summary"] = json.dumps(outcome.summary, separators=(",", ":"))
-        if outcome.fmt is None:
-            headers["Content-Type"] = "text/plain; charset=UTF-8"
-        else:
+        text = outcome.fmt is None or outcome.fmt.startswith(_TEXT_FORMATS)
+        headers["Content-Type"] = (
+            "text/plain; charset=UTF-8" if text else "application/octet-stream"
+        )
+        if outcome.fmt is not None:
             headers["X-ClickHouse-Format"] = outcome.fmt
-            text = outcome.fmt.startswith(_TEXT_FORMAT_PREFIXES)
-            headers["Content-Type"] = (
-                "text/plain; charset=UTF-8" if text else "application/octet-stream"
-            )
         self._reply(200, outcome.body, headers)
 
     def _reply_error(self, exc: ClickHouseError, query_id: str) -> None:
@@ -468,13 +470,9 @@ def serve(data_dir: Path, host: str, port: int) -> None:
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
-    thread = threading.Thread(target=server.serve_forever, args=(0.2,), daemon=True)
-    thread.start()
-    bound_host, bound_port = server.server_address[:2]
-    log.info(
-        "clickhouse.listening host=%s port=%s data_dir=%s version=%s",
-        bound_host, bound_port, data_dir, engine.version,
-    )  # fmt: skip
+    threading.Thread(target=server.serve_forever, args=(0.2,), daemon=True).start()
+    log.info("clickhouse.listening host=%s port=%s data_dir=%s version=%s",
+             host, server.server_address[1], data_dir, engine.version)  # fmt: skip
     while not stop.wait(0.5):
         pass
     log.info("clickhouse.stopping")
@@ -485,8 +483,8 @@ def serve(data_dir: Path, host: str, port: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: `python -m infra.clickhouse_server --data-dir PATH --port N`."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    """Entry point of `python -m infra.clickhouse_server`; returns the exit code."""
+    parser = argparse.ArgumentParser(description="Serve an embedded ClickHouse (chDB) over HTTP.")
     parser.add_argument("--data-dir", type=Path, required=True, help="chDB data directory")
     parser.add_argument("--host", default="127.0.0.1", help="listen address (keep loopback)")
     parser.add_argument("--port", type=int, default=8123, help="listen port")

@@ -125,6 +125,7 @@ def test_snapshot_raises_for_failed_records(settings: HeraldSettings) -> None:
 
     with pytest.raises(DeliveryError, match="UNKNOWN_TOPIC"):
         part.snapshot()
+    part.close()  # after a failure: releases the producer without raising again
 
 
 def test_encode_and_dead_letter_routing(settings: HeraldSettings) -> None:

@@ -15,6 +15,7 @@ the same event; the ClickHouse table and event consumers deduplicate by it.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -86,11 +87,16 @@ def _delivery_id(event: Mapping[str, Any]) -> str:
 
 
 def build_flow(settings: HeraldSettings | None = None, *, bounded: bool = False) -> Dataflow:
-    """The accepted job. `settings` default to the environment (entry point only).
+    """The accepted job. Without `settings` (entry point) it reads the environment and configures
+    logging.
 
     `bounded=True` stops at the current end of the request topics (tests, backfills).
     """
-    settings = settings if settings is not None else HeraldSettings()
+    if settings is None:  # called as the entry point: configure the process
+        logging.basicConfig(
+            level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s"
+        )
+        settings = HeraldSettings()
     registry = make_registry(settings.registry)
     kafka = settings.kafka
     flow = Dataflow("accepted")

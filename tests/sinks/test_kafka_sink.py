@@ -177,12 +177,17 @@ class _RecordingSink(EpochFlushSink[int]):
         return _Recording(self.calls)
 
 
+def _slowly(x: int) -> int:
+    time.sleep(0.02)
+    return x
+
+
 def test_bytewax_flushes_sink_partitions_at_every_epoch_boundary() -> None:
     """What the sink's guarantee rests on: Bytewax 0.21 calls snapshot() when an epoch closes."""
     calls: list[str] = []
     flow = Dataflow("epoch_order")
     items = op.input("in", flow, TestingSource(range(12)))
-    slow = op.map("slow", items, lambda x: time.sleep(0.02) or x)
+    slow = op.map("slow", items, _slowly)
     keyed = op.key_on("key", slow, str)
     op.output("out", keyed, _RecordingSink(calls))
 

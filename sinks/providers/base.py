@@ -1,0 +1,174 @@
+"""What every provider client shares: one AsyncClient, bounded concurrency, error mapping.
+
+`ProviderClient.send(delivery) -> Outcome` never raises for provider or network trouble:
+
+    connect error / connect timeout / pool timeout   → Retryable(reason="connect_error")
+                                                        (nothing was sent: failover is safe)
+    read/write timeout, reset, protocol error        → Unknown (the request may have arrived)
+    an HTTP response                                  → the subclass's mapping (PROVIDERS.md §6)
+
+Logs carry event names, provider, outcome kind, status and a masked address (last 4 chars);
+never message bodies, full tokens, phone numbers or email addresses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from datetime import datetime
+from email.utils import parsedate_to_datetime
+from types import TracebackType
+from typing import Any, ClassVar
+
+import httpx
+
+from herald.outcomes import CONNECT_ERROR, Outcome, PlatformError, Retryable, Unknown
+from sinks.providers.config import HttpConfig
+
+__all__ = ["ProviderClient", "epoch_seconds", "mask", "parse_retry_after"]
+
+log = logging.getLogger(__name__)
+
+Delivery = Mapping[str, Any]
+
+_BEFORE_SEND = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.ProxyError)
+
+
+def mask(address: str | None) -> str:
+    """A log-safe form of a token/phone/email: its last 4 characters."""
+    if not address:
+        return "-"
+    return "…" + address[-4:]
+
+
+def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
+    """Seconds from a Retry-After header (delta-seconds or HTTP-date); None if absent/invalid."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - (now if now is not None else time.time()))
+
+
+def epoch_seconds(value: Any) -> float | None:
+    """An instant from a delivery field (epoch ms int, or datetime from fastavro) as epoch s."""
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        return value.timestamp()
+    return float(value) / 1000.0
+
+
+def ssl_context(config: HttpConfig) -> ssl.SSLContext | bool:
+    """Default verification, plus the configured extra CA (simulator) if any."""
+    if config.ca_path is None:
+        return True
+    ctx = ssl.create_default_context()
+    ctx.load_verify_locations(cafile=str(config.ca_path))
+    return ctx
+
+
+class ProviderClient(ABC):
+    """Base of the provider clients: a shared httpx.AsyncClient and a concurrency bound.
+
+    Use one instance per provider per process (it owns the connection pool), as an async
+    context manager or with an explicit `aclose()`.
+    """
+
+    provider: ClassVar[str]
+    http2: ClassVar[bool] = False
+
+    def __init__(self, config: HttpConfig) -> None:
+        self.config = config
+        self._sem = asyncio.Semaphore(config.max_concurrency)
+        self.http = httpx.AsyncClient(
+            base_url=config.base_url,
+            http2=self.http2 or bool(getattr(config, "http2", False)),
+            http1=not self.http2,
+            verify=ssl_context(config),
+            limits=httpx.Limits(
+                max_connections=config.max_connections,
+                max_keepalive_connections=config.max_connections,
+            ),
+            timeout=httpx.Timeout(
+                config.timeout_s, connect=config.connect_timeout_s, pool=config.pool_timeout_s
+            ),
+        )
+
+    async def send(self, delivery: Delivery) -> Outcome:
+        """Submit one delivery; return its typed outcome (never raises for network trouble)."""
+        async with self._sem:
+            start = time.perf_counter()
+            try:
+                outcome = await self._send(delivery, start)
+            except _BEFORE_SEND as exc:
+                outcome = Retryable(
+                    CONNECT_ERROR, provider=self.provider, latency_ms=self._ms(start)
+                )
+                log.info(
+                    "provider.connect_failed provider=%s error=%s",
+                    self.provider,
+                    type(exc).__name__,
+                )
+            except httpx.TimeoutException:
+                outcome = Unknown("timeout", provider=self.provider, latency_ms=self._ms(start))
+            except httpx.TransportError as exc:
+                outcome = Unknown(
+                    type(exc).__name__, provider=self.provider, latency_ms=self._ms(start)
+                )
+        self._log(outcome, delivery)
+        return outcome
+
+    @abstractmethod
+    async def _send(self, delivery: Delivery, start: float) -> Outcome:
+        """Build and send the request, map the response (httpx errors propagate to `send`)."""
+
+    @staticmethod
+    def _ms(start: float) -> float:
+        return (time.perf_counter() - start) * 1000.0
+
+    def _log(self, outcome: Outcome, delivery: Delivery) -> None:
+        if isinstance(outcome, PlatformError):
+            level = logging.WARNING
+        elif log.isEnabledFor(logging.DEBUG):
+            level = logging.DEBUG
+        else:
+            return
+        log.log(
+            level,
+            "provider.outcome provider=%s kind=%s status=%s ms=%.1f delivery=%s address=%s "
+            "detail=%s",
+            self.provider,
+            outcome.kind,
+            outcome.status_code,
+            outcome.latency_ms,
+            delivery.get("delivery_id"),
+            mask(delivery.get("address")),
+            getattr(outcome, "reason", ""),
+        )
+
+    async def aclose(self) -> None:
+        """Close the connection pool."""
+        await self.http.aclose()
+
+    async def __aenter__(self) -> ProviderClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()

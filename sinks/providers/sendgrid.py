@@ -1,0 +1,113 @@
+"""SendGrid v3 Mail Send client (email): JSON, Bearer API key.
+
+One personalization per delivery; the delivery id travels as `custom_args.delivery_id` and comes
+back on every Event Webhook event. SendGrid has no idempotency key: a resend after an unknown
+outcome may duplicate.
+
+Outcome map (PROVIDERS.md §6):
+    202                 Accepted(X-Message-Id)
+    400, 413 (other 4xx) Permanent
+    429                 RateLimited (Retry-After, else X-RateLimit-Reset)
+    401, 403            PlatformError
+    5xx                 Retryable
+Bounces, spam reports and unsubscribes (TokenDead) arrive as webhook events, not here.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import httpx
+import orjson
+
+from herald.outcomes import Accepted, Outcome, Permanent, PlatformError, RateLimited, Retryable
+from sinks.providers.base import Delivery, ProviderClient, parse_retry_after
+from sinks.providers.config import SendGridConfig
+
+__all__ = ["SendGridClient"]
+
+
+class SendGridClient(ProviderClient):
+    """Sends one email per call to `/v3/mail/send`."""
+
+    provider = "email"
+
+    def __init__(self, config: SendGridConfig) -> None:
+        super().__init__(config)
+        self.sendgrid = config
+        self._headers = {
+            "authorization": f"Bearer {config.api_key.get_secret_value()}",
+            "content-type": "application/json",
+        }
+
+    def _mail(self, delivery: Delivery) -> dict[str, Any]:
+        cfg = self.sendgrid
+        rendered: dict[str, Any] = delivery.get("rendered") or {}
+        data: dict[str, Any] = rendered.get("data") or {}
+        content = [{"type": "text/plain", "value": str(rendered.get("body", ""))}]
+        if data.get("html"):
+            content.append({"type": "text/html", "value": str(data["html"])})
+        sender: dict[str, str] = {"email": cfg.from_email}
+        if cfg.from_name:
+            sender["name"] = cfg.from_name
+        mail: dict[str, Any] = {
+            "personalizations": [
+                {
+                    "to": [{"email": delivery.get("address")}],
+                    "custom_args": {"delivery_id": str(delivery.get("delivery_id"))},
+                }
+            ],
+            "from": sender,
+            "subject": rendered.get("subject") or rendered.get("title") or "",
+            "content": content,
+        }
+        if delivery.get("notification_type"):
+            mail["categories"] = [str(delivery["notification_type"])]
+        return mail
+
+    async def _send(self, delivery: Delivery, start: float) -> Outcome:
+        if not delivery.get("address"):
+            return Permanent("missing_address", provider=self.provider)
+        resp = await self.http.post(
+            "/v3/mail/send", headers=self._headers, content=orjson.dumps(self._mail(delivery))
+        )
+        return self._map(resp, start)
+
+    def _map(self, resp: httpx.Response, start: float) -> Outcome:
+        status = resp.status_code
+        kw: dict[str, Any] = {
+            "provider": self.provider,
+            "status_code": status,
+            "latency_ms": self._ms(start),
+        }
+        if status in (200, 202):
+            return Accepted(resp.headers.get("x-message-id", ""), **kw)
+        reason = _reason(resp)
+        if status == 429:
+            return RateLimited(_retry_after(resp), **kw)
+        if status >= 500:
+            return Retryable(reason, parse_retry_after(resp.headers.get("retry-after")), **kw)
+        if status in (401, 403):
+            return PlatformError(reason, **kw)
+        return Permanent(reason, **kw)
+
+
+def _retry_after(resp: httpx.Response) -> float | None:
+    after = parse_retry_after(resp.headers.get("retry-after"))
+    if after is not None:
+        return after
+    reset = resp.headers.get("x-ratelimit-reset")
+    try:
+        return max(0.0, float(reset) - time.time()) if reset else None
+    except ValueError:
+        return None
+
+
+def _reason(resp: httpx.Response) -> str:
+    """`http_<status>` plus the first error's field (never the message: it may hold data)."""
+    try:
+        field = orjson.loads(resp.content)["errors"][0].get("field")
+    except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, AttributeError):
+        field = None
+    return f"http_{resp.status_code}" + (f":{field}" if field else "")

@@ -1,0 +1,568 @@
+"""The server-side notification-type catalog (`herald/catalog.toml`), loaded once and validated.
+
+Callers name a notification type; the catalog decides its category, traffic class, channels and
+fallback graph, templates (per version, channel and locale), bypass rules, expiry, digest window
+and frequency-cap bucket. The file format is documented at the top of `catalog.toml`.
+
+`load_catalog()` validates everything up front; every error is a `ConfigError` naming the type and
+field (`types.otp_login.expiry_seconds: ...`); unknown fields are errors too (typos). Each module
+parses the section it interprets: this one the catalog and type skeleton, `herald.render` the
+`templates` tables (syntax, and every variable must be a declared param), `herald.digest` the
+`digest` tables. Bypass flags are accepted only on transactional types with `approved = true`.
+
+Lookups against a loaded catalog raise a `CatalogLookupError` carrying a machine code:
+
+    CatalogLookupError (code)
+    ├── UnknownNotificationType   unknown_notification_type
+    └── TemplateError
+        ├── UnknownTemplateVersion    unknown_template_version
+        ├── NoTemplate                no_template:<channel>
+        ├── InvalidLocale             invalid_locale
+        ├── MissingParam              missing_param:<name>        (raised by herald.render)
+        └── RenderFailed              render_failed               (raised by herald.render)
+
+Locale fallback: the requested tag, then its parents (`pt-BR` → `pt`), then the type's
+`default_locale`, then the catalog's `default_locale`. Tags are normalized (`pt_br` → `pt-BR`).
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from herald.errors import ConfigError, HeraldError
+
+if TYPE_CHECKING:
+    from herald.digest import DigestConfig
+    from herald.render import TemplateSet
+
+__all__ = [
+    "CATEGORIES",
+    "CHANNELS",
+    "TRAFFIC_CLASSES",
+    "CapConfig",
+    "Catalog",
+    "CatalogLookupError",
+    "InvalidLocale",
+    "LocaleRules",
+    "MissingParam",
+    "NoTemplate",
+    "NotificationType",
+    "RenderFailed",
+    "TemplateError",
+    "UnknownNotificationType",
+    "UnknownTemplateVersion",
+    "load_catalog",
+    "loads_catalog",
+    "normalize_locale",
+]
+
+CATEGORIES = ("transactional", "marketing", "social")
+TRAFFIC_CLASSES = ("transactional", "normal", "bulk")
+CHANNELS = ("push", "sms", "email", "inapp")
+DEFAULT_PATH = Path(__file__).with_name("catalog.toml")
+NO_CAP = "none"
+_LOCALE = re.compile(r"^[A-Za-z]{2,3}(?:[-_][A-Za-z0-9]{1,8})*$")
+_MEMO_LIMIT = 100_000
+_FLAGS = (
+    "failover_on_unknown",
+    "approved",
+    "bypass_quiet_hours",
+    "bypass_opt_out",
+    "allow_unverified_contact",
+)
+
+
+class CatalogLookupError(HeraldError):
+    """A lookup against the catalog failed; `code` is machine-readable (API 422, dead letters)."""
+
+    def __init__(self, code: str, detail: str = "") -> None:
+        super().__init__(f"{code}: {detail}" if detail else code)
+        self.code = code
+        self.detail = detail
+
+
+class UnknownNotificationType(CatalogLookupError):
+    """The notification type is not in the catalog."""
+
+    def __init__(self, name: object) -> None:
+        super().__init__("unknown_notification_type", repr(name))
+
+
+class TemplateError(CatalogLookupError):
+    """A template could not be selected or rendered."""
+
+
+class UnknownTemplateVersion(TemplateError):
+    """The pinned template version does not exist for the type."""
+
+    def __init__(self, type_name: str, version: object) -> None:
+        super().__init__("unknown_template_version", f"{type_name} has no version {version!r}")
+
+
+class NoTemplate(TemplateError):
+    """The type has no template for the channel."""
+
+    def __init__(self, type_name: str, channel: str) -> None:
+        super().__init__(f"no_template:{channel}", f"{type_name} has no {channel!r} template")
+
+
+class InvalidLocale(TemplateError):
+    """A locale is not a well-formed BCP 47 tag."""
+
+    def __init__(self, value: object) -> None:
+        super().__init__("invalid_locale", repr(value))
+
+
+class MissingParam(TemplateError):
+    """A parameter the template needs was not given."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"missing_param:{name}")
+        self.param = name
+
+
+class RenderFailed(TemplateError):
+    """The template engine refused to render (sandbox violation, bad filter argument...)."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__("render_failed", detail)
+
+
+def normalize_locale(tag: str) -> str:
+    """`pt_br` → `pt-BR`, `zh-hans-cn` → `zh-Hans-CN`; raises `InvalidLocale` when malformed."""
+    if not isinstance(tag, str) or not _LOCALE.match(tag):
+        raise InvalidLocale(tag)
+    parts = tag.replace("_", "-").split("-")
+    out = [parts[0].lower()]
+    for part in parts[1:]:
+        if len(part) == 4 and part.isalpha():
+            out.append(part.title())
+        elif (len(part) == 2 and part.isalpha()) or (len(part) == 3 and part.isdigit()):
+            out.append(part.upper())
+        else:
+            out.append(part.lower())
+    return "-".join(out)
+
+
+def locale_parents(tag: str) -> tuple[str, ...]:
+    """`zh-Hant-TW` → (`zh-Hant-TW`, `zh-Hant`, `zh`)."""
+    parts = tag.split("-")
+    return tuple("-".join(parts[:n]) for n in range(len(parts), 0, -1))
+
+
+@dataclass(frozen=True, slots=True)
+class LocaleRules:
+    """Per-locale list and number formatting (digest lines)."""
+
+    list_separator: str = ", "
+    last_separator: str = " and "
+    thousands_separator: str = ","
+
+    def format_int(self, value: int) -> str:
+        """`1197` → `1,197` (en), `1.197` (de), `1197` (zh)."""
+        return f"{value:,}".replace(",", self.thousands_separator)
+
+    def join(self, items: tuple[str, ...] | list[str], *, last: bool = True) -> str:
+        """`a, b and c` (last=True) or `a, b, c` (last=False)."""
+        if len(items) < 2 or not last:
+            return self.list_separator.join(items)
+        return self.list_separator.join(items[:-1]) + self.last_separator + items[-1]
+
+
+@dataclass(frozen=True, slots=True)
+class CapConfig:
+    """A frequency-cap bucket: at most `daily_limit` notifications per user per local day."""
+
+    bucket: str
+    daily_limit: int
+
+
+@dataclass(frozen=True, slots=True)
+class NotificationType:
+    """One catalog entry (immutable). `fallback` maps a channel to steps `channel[:provider]`."""
+
+    name: str
+    category: str
+    traffic_class: str
+    channels: tuple[str, ...]
+    fallback: Mapping[str, tuple[str, ...]]
+    failover_on_unknown: bool
+    approved: bool
+    bypass_quiet_hours: bool
+    bypass_opt_out: bool
+    allow_unverified_contact: bool
+    expiry_seconds: int
+    default_locale: str | None
+    template_version: int
+    templates: Mapping[int, TemplateSet]
+    digest: DigestConfig | None
+    cap: CapConfig | None
+    providers: Mapping[str, str]
+
+    @property
+    def expiry(self) -> timedelta:
+        """Default TTL of a request without `expire_at`."""
+        return timedelta(seconds=self.expiry_seconds)
+
+    @property
+    def transactional(self) -> bool:
+        """True for category transactional (never frequency-capped)."""
+        return self.category == "transactional"
+
+    def fallback_channels(self, channel: str) -> tuple[str, ...]:
+        """Other channels one fallback step away from `channel`, in order."""
+        steps = (step.split(":", 1)[0] for step in self.fallback.get(channel, ()))
+        return tuple(dict.fromkeys(c for c in steps if c != channel))
+
+    @property
+    def allowed_channels(self) -> tuple[str, ...]:
+        """Primary channels, then every channel reachable through the fallback graph."""
+        seen = dict.fromkeys(self.channels)
+        queue = list(self.channels)
+        while queue:
+            for nxt in self.fallback_channels(queue.pop(0)):
+                if nxt not in seen:
+                    seen[nxt] = None
+                    queue.append(nxt)
+        return tuple(seen)
+
+    def template_set(self, version: int | None = None) -> TemplateSet:
+        """The pinned version, or the current one; raises `UnknownTemplateVersion`."""
+        key = self.template_version if version is None else version
+        found = self.templates.get(key) if isinstance(key, int) else None
+        if found is None:
+            raise UnknownTemplateVersion(self.name, version)
+        return found
+
+
+@dataclass(frozen=True, slots=True)
+class Catalog:
+    """The validated catalog. `memo` is a process-local cache of derived data (locales, render)."""
+
+    version: int
+    default_locale: str
+    default_timezone: str
+    quiet_hours_channels: frozenset[str]
+    locales: Mapping[str, LocaleRules]
+    types: Mapping[str, NotificationType]
+    source: str = "<memory>"
+    memo: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    def get(self, name: str) -> NotificationType:
+        """The type called `name`; raises `UnknownNotificationType`."""
+        try:
+            return self.types[name]
+        except (KeyError, TypeError):
+            raise UnknownNotificationType(name) from None
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.types
+
+    def for_event(self, event_type: str) -> NotificationType:
+        """The digest type whose `digest.event_type` is `event_type` (like → social_like)."""
+        for nt in self.types.values():
+            if nt.digest is not None and nt.digest.event_type == event_type:
+                return nt
+        raise UnknownNotificationType(f"event:{event_type}")
+
+    def locale_chain(self, requested: str | None, nt: NotificationType) -> tuple[str, ...]:
+        """The requested tag and its parents, then the type default, then the catalog default."""
+        chain = locale_parents(normalize_locale(requested)) if requested else ()
+        tail = (nt.default_locale, self.default_locale)
+        return tuple(dict.fromkeys([*chain, *(t for t in tail if t)]))
+
+    def resolve_locale(
+        self, nt: NotificationType, channel: str, requested: str | None, version: int | None = None
+    ) -> str:
+        """The first locale of the chain with a template for `channel` (memoized per input)."""
+        key = ("locale", nt.name, channel, requested, version)
+        hit: str | None = self.memo.get(key)
+        if hit is not None:
+            return hit
+        tset = nt.template_set(version)
+        for loc in self.locale_chain(requested, nt):
+            if tset.has(channel, loc):
+                self.remember(key, loc)
+                return loc
+        raise NoTemplate(nt.name, channel)
+
+    def locale_rules(self, locale: str) -> LocaleRules:
+        """Formatting rules of `locale` or its nearest parent, else of the default locale."""
+        for tag in locale_parents(locale):
+            if tag in self.locales:
+                return self.locales[tag]
+        return self.locales.get(self.default_locale, LocaleRules())
+
+    def remember(self, key: Any, value: Any) -> None:
+        """Store derived data in `memo` (bounded: cleared when it reaches 100k entries)."""
+        if len(self.memo) >= _MEMO_LIMIT:
+            self.memo.clear()
+        self.memo[key] = value
+
+
+def load_catalog(path: str | Path | None = None) -> Catalog:
+    """Read and validate a catalog file (default `herald/catalog.toml`); raises `ConfigError`."""
+    where = Path(path) if path is not None else DEFAULT_PATH
+    try:
+        text = where.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"catalog {where}: cannot read: {exc}") from exc
+    return loads_catalog(text, source=str(where))
+
+
+def loads_catalog(text: str, source: str = "<memory>") -> Catalog:
+    """Parse and validate catalog TOML text; raises `ConfigError`."""
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"catalog {source}: invalid TOML: {exc}") from exc
+    return parse_catalog(raw, source)
+
+
+# --- parsing and validation --------------------------------------------------------------------
+
+_MISSING: Any = object()
+
+
+class Fields:
+    """Typed, path-aware reader of one TOML table for the catalog parsers.
+
+    Every getter records the key; `close()` rejects keys nobody read (typos). Errors are
+    `ConfigError("catalog <file>: types.x.field: message")`.
+    """
+
+    def __init__(self, raw: Any, where: str, source: str) -> None:
+        self.where, self.source = where, source
+        if not isinstance(raw, dict):
+            raise ConfigError(f"catalog {source}: {where.rstrip('.')}: must be a table")
+        self.raw: dict[str, Any] = raw
+        self.seen: set[str] = set()
+
+    def error(self, key: str, msg: str) -> ConfigError:
+        path = f"{self.where}{key}" if key else self.where.rstrip(".")
+        return ConfigError(f"catalog {self.source}: {path}: {msg}")
+
+    def sub(self, key: str) -> Fields:
+        return Fields(self.get(key, dict), f"{self.where}{key}.", self.source)
+
+    def get(self, key: str, kind: type, default: Any = _MISSING) -> Any:
+        self.seen.add(key)
+        if key not in self.raw:
+            if default is _MISSING:
+                raise self.error(key, "is required")
+            return default
+        value = self.raw[key]
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise self.error(key, f"must be of type {kind.__name__}, got {value!r}")
+        return value
+
+    def integer(self, key: str, minimum: int, default: Any = _MISSING) -> int:
+        value: int = self.get(key, int, default)
+        if value < minimum:
+            raise self.error(key, f"must be an integer >= {minimum}, got {value}")
+        return value
+
+    def choice(self, key: str, options: tuple[str, ...], default: Any = _MISSING) -> str:
+        value: str = self.get(key, str, default)
+        if value not in options:
+            raise self.error(key, f"must be one of {', '.join(options)}; got {value!r}")
+        return value
+
+    def strings(self, key: str, default: Any = _MISSING) -> list[str]:
+        value: list[Any] = self.get(key, list, default)
+        if not all(isinstance(v, str) and v for v in value) or len(set(value)) != len(value):
+            raise self.error(key, "must be a list of distinct non-empty strings")
+        return value
+
+    def locale(self, key: str, value: Any = _MISSING) -> str:
+        """Normalize `value` (default: the string at `key`) as a locale tag."""
+        tag = self.get(key, str) if value is _MISSING else value
+        try:
+            return normalize_locale(tag)
+        except InvalidLocale:
+            raise self.error(key, f"{tag!r} is not a BCP 47 locale") from None
+
+    def close(self) -> None:
+        unknown = sorted(set(self.raw) - self.seen)
+        if unknown:
+            raise self.error(unknown[0], "unknown field")
+
+
+@dataclass(frozen=True, slots=True)
+class ParseContext:
+    """Catalog-wide settings the per-type parsers need."""
+
+    source: str
+    default_locale: str
+    default_expiry: int
+    caps: Mapping[str, CapConfig]
+
+
+def parse_catalog(raw: Mapping[str, Any], source: str = "<memory>") -> Catalog:
+    """Validate a decoded catalog table and build the `Catalog`; raises `ConfigError`."""
+    top = Fields(dict(raw), "", source)
+    version = top.integer("version", 1)
+    default_locale = top.locale("default_locale")
+    default_tz: str = top.get("default_timezone", str)
+    _check_timezone(default_tz, top)
+    quiet = top.strings("quiet_hours_channels", ["push", "sms", "email"])
+    if not set(quiet) <= set(CHANNELS):
+        raise top.error("quiet_hours_channels", f"must be among {', '.join(CHANNELS)}")
+    defaults = top.sub("defaults") if "defaults" in top.raw else Fields({}, "defaults.", source)
+    expiry = defaults.integer("expiry_seconds", 1, 86400)
+    defaults.close()
+    locales = {
+        top.locale("locales", tag): _locale_rules(top.sub("locales"), tag)
+        for tag in top.get("locales", dict, {})
+    }
+    caps = {bucket: _cap(top.sub("caps"), bucket) for bucket in top.get("caps", dict, {})}
+    types_raw: dict[str, Any] = top.get("types", dict)
+    if not types_raw:
+        raise top.error("types", "must define at least one notification type")
+    ctx = ParseContext(source, default_locale, expiry, caps)
+    types = {
+        name: _parse_type(Fields(body, f"types.{name}.", source), name, ctx)
+        for name, body in types_raw.items()
+    }
+    top.close()
+    _check_event_types(types, top)
+    return Catalog(version, default_locale, default_tz, frozenset(quiet), locales, types, source)
+
+
+def _check_timezone(name: str, f: Fields) -> None:
+    from herald.quiet_hours import InvalidTimezone, get_zone
+
+    try:
+        get_zone(name)
+    except InvalidTimezone:
+        raise f.error("default_timezone", f"{name!r} is not an IANA time zone") from None
+
+
+def _locale_rules(locales: Fields, tag: str) -> LocaleRules:
+    f = locales.sub(tag)
+    rules = LocaleRules(
+        f.get("list_separator", str, ", "),
+        f.get("last_separator", str, " and "),
+        f.get("thousands_separator", str, ","),
+    )
+    f.close()
+    return rules
+
+
+def _cap(caps: Fields, bucket: str) -> CapConfig:
+    f = caps.sub(bucket)
+    config = CapConfig(bucket, f.integer("daily_limit", 1))
+    f.close()
+    return config
+
+
+def _parse_type(f: Fields, name: str, ctx: ParseContext) -> NotificationType:
+    from herald.digest import parse_digest_config
+    from herald.render import parse_templates
+
+    category = f.choice("category", CATEGORIES)
+    channels = tuple(f.strings("channels"))
+    if not channels or not set(channels) <= set(CHANNELS):
+        raise f.error("channels", f"must be a non-empty list of {', '.join(CHANNELS)}")
+    flags: dict[str, bool] = {key: f.get(key, bool, False) for key in _FLAGS}
+    _check_bypass(f, category, flags)
+    default_locale = f.locale("default_locale") if "default_locale" in f.raw else None
+    nt = NotificationType(
+        name=name,
+        category=category,
+        traffic_class=f.choice("traffic_class", TRAFFIC_CLASSES),
+        channels=channels,
+        fallback=_parse_fallback(f, channels),
+        expiry_seconds=f.integer("expiry_seconds", 1, ctx.default_expiry),
+        default_locale=default_locale,
+        template_version=0,
+        templates={},
+        digest=parse_digest_config(f.sub("digest"), ctx) if "digest" in f.raw else None,
+        cap=_cap_for(f, category, ctx),
+        providers=_parse_providers(f),
+        **flags,
+    )
+    templates = parse_templates(f.sub("templates"), nt, ctx)
+    current = f.integer("template_version", 1, max(templates))
+    if current not in templates:
+        raise f.error("template_version", f"version {current} is not defined under templates")
+    f.close()
+    return replace(nt, templates=templates, template_version=current)
+
+
+def _check_bypass(f: Fields, category: str, flags: dict[str, bool]) -> None:
+    if flags["approved"] and category != "transactional":
+        raise f.error("approved", "only transactional types can be approved")
+    for key in ("bypass_quiet_hours", "bypass_opt_out", "allow_unverified_contact"):
+        if flags[key] and not flags["approved"]:
+            raise f.error(key, "only approved transactional types (approved = true) may set it")
+
+
+def _parse_fallback(f: Fields, channels: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
+    graph: dict[str, tuple[str, ...]] = {}
+    for channel, steps in f.get("fallback", dict, {}).items():
+        where = f"fallback.{channel}"
+        if channel not in CHANNELS:
+            raise f.error(where, f"unknown channel {channel!r}")
+        if not isinstance(steps, list) or not all(isinstance(s, str) for s in steps):
+            raise f.error(where, "must be a list of 'channel' or 'channel:provider' steps")
+        for step in steps:
+            target, colon, provider = step.partition(":")
+            if target not in CHANNELS or (colon and not provider):
+                raise f.error(where, f"invalid step {step!r}")
+            if target == channel and not provider:
+                raise f.error(where, f"step {step!r} falls back to itself")
+        graph[channel] = tuple(steps)
+    _check_acyclic(f, graph)
+    return graph
+
+
+def _check_acyclic(f: Fields, graph: Mapping[str, tuple[str, ...]]) -> None:
+    def visit(node: str, path: tuple[str, ...]) -> None:
+        for nxt in dict.fromkeys(step.split(":", 1)[0] for step in graph.get(node, ())):
+            if nxt == node:
+                continue
+            if nxt in path:
+                raise f.error("fallback", f"cycle {' -> '.join((*path, nxt))}")
+            visit(nxt, (*path, nxt))
+
+    for start in graph:
+        visit(start, (start,))
+
+
+def _cap_for(f: Fields, category: str, ctx: ParseContext) -> CapConfig | None:
+    bucket = f.get("cap_bucket", str, None)
+    if category == "transactional":
+        if bucket not in (None, NO_CAP):
+            raise f.error("cap_bucket", "transactional types are never frequency-capped")
+        return None
+    if bucket is None:
+        return ctx.caps.get(category)
+    if bucket == NO_CAP:
+        return None
+    if bucket not in ctx.caps:
+        raise f.error("cap_bucket", f"unknown bucket {bucket!r} (define [caps.{bucket}])")
+    return ctx.caps[bucket]
+
+
+def _parse_providers(f: Fields) -> dict[str, str]:
+    providers: dict[str, Any] = f.get("providers", dict, {})
+    for channel, provider in providers.items():
+        if channel not in CHANNELS or not isinstance(provider, str) or not provider:
+            raise f.error(f"providers.{channel}", "must map a channel to a provider name")
+    return dict(providers)
+
+
+def _check_event_types(types: Mapping[str, NotificationType], top: Fields) -> None:
+    owners: dict[str, str] = {}
+    for nt in types.values():
+        if nt.digest is not None:
+            other = owners.setdefault(nt.digest.event_type, nt.name)
+            if other != nt.name:
+                raise top.error(f"types.{nt.name}.digest.event_type", f"also used by {other}")

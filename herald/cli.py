@@ -192,7 +192,8 @@ def migrate(
     run_dir: RunDir = None,
 ) -> None:
     """Apply the numbered ClickHouse migrations in infra/migrations (idempotent)."""
-    from infra.migrate import apply_migrations, herald_client
+    from infra.clickhouse import herald_client
+    from infra.migrate import apply_migrations
 
     settings = ClickHouseSettings(dsn=dsn) if dsn else _stack_settings(run_dir).clickhouse
     client = herald_client(settings)

@@ -208,18 +208,22 @@ class Stack:
         """Create topics and apply ClickHouse migrations (both idempotent)."""
         assert self.ctx is not None
         env = self.ctx.child_env()
-        from infra.topics import create_topics
+        if "HERALD_KAFKA_BOOTSTRAP_SERVERS" in env:
+            from infra.topics import create_topics
 
-        created = create_topics(KafkaSettings(bootstrap_servers=env["HERALD_KAFKA_BOOTSTRAP_SERVERS"]))
-        self.on_event(f"kafka topics ready ({len(created)} created)")
-        from infra.migrate import apply_migrations, herald_client
+            kafka = KafkaSettings(bootstrap_servers=env["HERALD_KAFKA_BOOTSTRAP_SERVERS"])
+            created = create_topics(kafka)
+            self.on_event(f"kafka topics ready ({len(created)} created)")
+        if "HERALD_CLICKHOUSE_DSN" in env:
+            from infra.clickhouse import herald_client
+            from infra.migrate import apply_migrations
 
-        client = herald_client(ClickHouseSettings(dsn=env["HERALD_CLICKHOUSE_DSN"]))
-        try:
-            applied = apply_migrations(client)
-        finally:
-            client.close()
-        self.on_event(f"clickhouse migrations applied ({len(applied)} new)")
+            client = herald_client(ClickHouseSettings(dsn=env["HERALD_CLICKHOUSE_DSN"]))
+            try:
+                applied = apply_migrations(client)
+            finally:
+                client.close()
+            self.on_event(f"clickhouse migrations applied ({len(applied)} new)")
 
     def _reset_recovery(self) -> None:
         """Fresh Bytewax recovery partitions for every job.

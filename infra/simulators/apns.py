@@ -209,6 +209,8 @@ class ApnsSimulator(Simulator):
         if last is None or last[0] != token:
             if last is not None and now - last[1] < self.config.token_update_min_interval_s:
                 return "TooManyProviderTokenUpdates"
+            if last is None:
+                self.stats.extra["connections"] += 1
             if len(self._conn_token) >= self._CACHE_MAX:
                 self._conn_token.clear()
             self._conn_token[req.client] = (token, now)

@@ -11,6 +11,7 @@ process group and is stopped for good by `stop()`.
 
 from __future__ import annotations
 
+import ssl
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -73,7 +74,9 @@ class RunningSimulator:
         return data
 
     def _client(self) -> httpx.Client:
-        verify: Any = str(self.ca_path) if self.ca_path else True
+        verify: Any = True
+        if self.ca_path is not None:
+            verify = ssl.create_default_context(cafile=str(self.ca_path))
         return httpx.Client(base_url=self.base_url, verify=verify, timeout=10.0)
 
     def healthy(self) -> bool:
@@ -100,10 +103,10 @@ class RunningSimulator:
             ).json()
         return result
 
-    def reset(self) -> None:
-        """Zero the simulator's counters."""
+    def reset(self, config: bool = False) -> None:
+        """Zero the simulator's counters; `config=True` also restores the start config."""
         with self._client() as client:
-            client.post("/_admin/reset")
+            client.post("/_admin/reset", params={"config": "1" if config else "0"})
 
     def stop(self) -> None:
         """Stop the process (idempotent)."""
@@ -144,7 +147,10 @@ def start_simulator(
     proc.start()
     sim = RunningSimulator(name, host, port, state_dir, proc, tls)
     try:
-        wait_until(lambda: proc.alive() and sim.healthy(), timeout, 0.05, what=f"simulator {name}")
+        # Stops early when the process dies (bad config): checked again right after.
+        wait_until(lambda: not proc.alive() or sim.healthy(), timeout, 0.05, what=name)
+        if not proc.alive():
+            raise TimeoutError(f"exited with code {proc.returncode()}")
     except TimeoutError as exc:
         tail = proc.tail()
         proc.stop()

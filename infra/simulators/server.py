@@ -11,7 +11,7 @@ Routes common to all simulators:
     GET  /_admin/stats     counters + accepted ids per address (`?ids=0` omits the ids)
     GET  /_admin/config    the current fault config
     POST /_admin/config    patch the fault config (whole top-level fields), returns it
-    POST /_admin/reset     zero the counters
+    POST /_admin/reset     zero the counters (`?config=1`: also restore the start config)
 """
 
 from __future__ import annotations
@@ -166,6 +166,7 @@ class RsgiApp:
 
     def __init__(self, sim: Simulator) -> None:
         self.sim = sim
+        self.initial = sim.config  # restored by POST /_admin/reset?config=1
 
     async def __rsgi__(self, scope: Any, proto: Any) -> None:
         body = await proto()
@@ -205,6 +206,8 @@ class RsgiApp:
             return json_response(200, sim.stats.snapshot(include_ids=ids))
         if req.path == "/_admin/reset" and req.method == "POST":
             sim.stats.reset()
+            if req.query_params().get("config") in ("1", "true"):
+                sim.reconfigure(self.initial.model_dump())
             return json_response(200, {"ok": True})
         if req.path == "/_admin/config":
             if req.method == "POST":

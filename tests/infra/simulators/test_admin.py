@@ -11,7 +11,6 @@ from herald.errors import InfraError
 from infra.process import pid_alive
 from infra.simulators.launcher import RunningSimulator, start_simulator
 
-
 _HTTP = httpx.Client()
 
 

@@ -13,8 +13,8 @@ import httpx
 import jwt
 import pytest
 
-from infra.simulators.launcher import RunningSimulator
 from infra.simulators.keys import ec_private_pem
+from infra.simulators.launcher import RunningSimulator
 
 TOKEN = "ab" * 32
 UUID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")

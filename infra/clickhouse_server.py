@@ -47,6 +47,7 @@ import gzip
 import io
 import json
 import logging
+import os
 import re
 import signal
 import threading
@@ -488,8 +489,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-dir", type=Path, required=True, help="chDB data directory")
     parser.add_argument("--host", default="127.0.0.1", help="listen address (keep loopback)")
     parser.add_argument("--port", type=int, default=8123, help="listen port")
+    parser.add_argument("--timezone", default="UTC", help="server timezone, as in production")
     parser.add_argument("--log-level", default="INFO", help="DEBUG logs every request")
     args = parser.parse_args(argv)
+    os.environ["TZ"] = args.timezone  # read by chDB when it loads, not the machine's zone
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )

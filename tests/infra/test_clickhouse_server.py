@@ -190,7 +190,7 @@ def test_raw_http_headers_and_formats(dsn: str) -> None:
         assert resp.read() == b'{"a":1}\n'
         assert resp.headers["X-ClickHouse-Format"] == "JSONEachRow"
         assert resp.headers["X-ClickHouse-Query-Id"] == "q-1"
-        assert resp.headers["X-ClickHouse-Timezone"]
+        assert resp.headers["X-ClickHouse-Timezone"] == "UTC"
         assert resp.headers["X-ClickHouse-Summary"].startswith("{")
     request = urllib.request.Request(dsn, data=b"SELECT nope()", method="POST")
     with pytest.raises(urllib.error.HTTPError) as err:

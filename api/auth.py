@@ -1,0 +1,120 @@
+"""Tenant API keys: hashed at rest, scoped, with a per-tenant request rate.
+
+The tenants file (TOML, `ApiSettings.tenants_file`, default `api/tenants.toml`):
+
+    [tenants.login]
+    rate_limit_per_second = 500          # all authenticated endpoints together
+    [[tenants.login.keys]]
+    id = "login-2026-11"                 # shown in logs instead of the key
+    sha256 = "<hex sha256 of the key>"   # `python -m api.auth hash <key>` prints it
+    scopes = ["notifications:write", "notifications:read"]
+
+Keys are random high-entropy strings (`python -m api.auth new <tenant>`), so one SHA-256 is
+enough to make a stolen file useless (no password stretching needed, and lookups stay O(1)).
+Clients send `X-API-Key: <key>` or `Authorization: Bearer <key>`. Missing or unknown key → 401,
+known key without the endpoint's scope → 403.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import sys
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from herald.errors import ConfigError
+
+SCOPES = frozenset(
+    {
+        "notifications:write",
+        "notifications:read",
+        "preferences:write",
+        "preferences:read",
+        "devices:write",
+        "devices:read",
+        "inbox:read",
+        "inbox:write",
+        "otp:verify",
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Tenant:
+    """A tenant and the key it authenticated with."""
+
+    tenant_id: str
+    key_id: str
+    scopes: frozenset[str]
+    rate_limit_per_second: int
+
+
+def hash_key(key: str) -> str:
+    """Hex SHA-256 of an API key (what the tenants file stores)."""
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+class Tenants:
+    """Key hash -> Tenant, loaded from the tenants file."""
+
+    def __init__(self, by_hash: dict[str, Tenant]) -> None:
+        self._by_hash = by_hash
+
+    def authenticate(self, key: str | None) -> Tenant | None:
+        """The tenant of `key`, or None when it is missing or unknown."""
+        if not key or len(key) > 256:
+            return None
+        return self._by_hash.get(hash_key(key))
+
+    @classmethod
+    def load(cls, path: Path) -> Tenants:
+        """Parse and validate a tenants file; raises ConfigError naming the bad entry."""
+        try:
+            raw = tomllib.loads(path.read_text(encoding="utf-8"))
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"tenants file {path}: {exc}") from exc
+        return cls.from_dict(raw, str(path))
+
+    @classmethod
+    def from_dict(cls, raw: dict, source: str = "<memory>") -> Tenants:  # type: ignore[type-arg]
+        """Build from a decoded tenants table."""
+        by_hash: dict[str, Tenant] = {}
+        for tenant_id, entry in (raw.get("tenants") or {}).items():
+            where = f"tenants file {source}: tenants.{tenant_id}"
+            rate = entry.get("rate_limit_per_second", 100)
+            if not isinstance(rate, int) or rate < 1:
+                raise ConfigError(f"{where}.rate_limit_per_second must be a positive integer")
+            for i, key in enumerate(entry.get("keys") or []):
+                digest = str(key.get("sha256", "")).lower()
+                scopes = frozenset(key.get("scopes") or [])
+                if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+                    raise ConfigError(f"{where}.keys[{i}].sha256 must be 64 hex digits")
+                if not scopes or not scopes <= SCOPES:
+                    unknown = sorted(scopes - SCOPES) or ["<none>"]
+                    raise ConfigError(f"{where}.keys[{i}].scopes: unknown {unknown}")
+                if digest in by_hash:
+                    raise ConfigError(f"{where}.keys[{i}]: key used twice")
+                key_id = str(key.get("id") or f"{tenant_id}-{i}")
+                by_hash[digest] = Tenant(tenant_id, key_id, scopes, rate)
+        if not by_hash:
+            raise ConfigError(f"tenants file {source}: no tenant has a key")
+        return cls(by_hash)
+
+
+def main(argv: list[str]) -> int:
+    """`python -m api.auth new <tenant>` prints a fresh key and its hash; `hash <key>` hashes."""
+    if len(argv) == 2 and argv[0] == "new":
+        key = f"hk_{argv[1]}_{secrets.token_urlsafe(24)}"
+        print(f"key    = {key}\nsha256 = {hash_key(key)}")
+        return 0
+    if len(argv) == 2 and argv[0] == "hash":
+        print(hash_key(argv[1]))
+        return 0
+    print("usage: python -m api.auth new <tenant> | hash <key>", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

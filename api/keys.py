@@ -1,0 +1,93 @@
+"""Redis key layout of the API (hot state; Kafka topics stay the source of truth).
+
+Keys holding per-user data carry the user id as a Redis Cluster hash tag (`{user_id}`), so one
+user's keys live in one slot and multi-key scripts on them work on a cluster.
+
+    idem:{nid}                  string  "<body sha256>|pending|<ms>" or "...|accepted|<accepted ms>"
+                                        TTL idempotency_ttl (24 h); nid = ids.notification_id
+    notif:{nid}                 hash    tenant_id, request_id, notification_type, traffic_class,
+                                        accepted_at (ms), recipients ("users:<n>" | "segment:<id>"),
+                                        otp ("1"|"0"); TTL status_ttl (30 d)
+    status:{nid}                hash    delivery_id -> JSON {state, reason, channel, user_id,
+                                        provider, updated_at (RFC 3339)}; written by the plan,
+                                        dispatch, receipts jobs (`api.status.put_delivery_status`)
+    rl:<tenant>:<epoch second>  int     per-tenant request counter, TTL 2 s
+    otp:lim:<kind>:<digest>     int     OTP sends per phone|ip|device in the current window
+    otp:verified:{nid}          string  set once by POST /v1/otp/{nid}/verified
+    otp:stats:<yyyymmddhh>      hash    "<type>:sent" / "<type>:verified" counters, TTL 48 h
+    prefs:{user}                string  JSON user_preferences record (copy written after Kafka ack)
+    prefs:{user}:version        int     INCR source of the record's version
+    cp:{user}                   string  JSON contact_points record (copy written after Kafka ack)
+    cp:{user}:lock              string  read-modify-write lock of the contact points
+    inbox:{user}:items          zset    item_id scored by created_at ms (newest = highest)
+    inbox:{user}:data           hash    item_id -> JSON inbox item
+    inbox:{user}:unread         set     unread item ids (SCARD = unread count)
+    inbox:{user}:events         pubsub  channel: {"type": "item"|"unread", ...} for WebSockets
+
+Phone numbers and device ids never appear in key names: OTP limit keys use a SHA-256 prefix.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+
+def idem(nid: str) -> str:
+    return f"idem:{{{nid}}}"
+
+
+def notif(nid: str) -> str:
+    return f"notif:{{{nid}}}"
+
+
+def status(nid: str) -> str:
+    return f"status:{{{nid}}}"
+
+
+def rate(tenant_id: str, second: int) -> str:
+    return f"rl:{tenant_id}:{second}"
+
+
+def otp_limit(kind: str, value: str) -> str:
+    digest = hashlib.sha256(value.encode()).hexdigest()[:24]
+    return f"otp:lim:{kind}:{digest}"
+
+
+def otp_verified(nid: str) -> str:
+    return f"otp:verified:{{{nid}}}"
+
+
+def otp_stats(hour: str) -> str:
+    return f"otp:stats:{hour}"
+
+
+def prefs(user_id: str) -> str:
+    return f"prefs:{{{user_id}}}"
+
+
+def prefs_version(user_id: str) -> str:
+    return f"prefs:{{{user_id}}}:version"
+
+
+def contact_points(user_id: str) -> str:
+    return f"cp:{{{user_id}}}"
+
+
+def contact_points_lock(user_id: str) -> str:
+    return f"cp:{{{user_id}}}:lock"
+
+
+def inbox_items(user_id: str) -> str:
+    return f"inbox:{{{user_id}}}:items"
+
+
+def inbox_data(user_id: str) -> str:
+    return f"inbox:{{{user_id}}}:data"
+
+
+def inbox_unread(user_id: str) -> str:
+    return f"inbox:{{{user_id}}}:unread"
+
+
+def inbox_channel(user_id: str) -> str:
+    return f"inbox:{{{user_id}}}:events"

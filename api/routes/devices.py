@@ -1,0 +1,222 @@
+"""Devices and contact points → compacted `herald.devices` (Avro contact_points, key user_id).
+
+Every change is a read-modify-write of the user's full contact_points record under the Redis
+lock `cp:{user}:lock`: read the copy `cp:{user}`, apply the change (version + 1), produce and
+await the ack, write the copy, release. The lock (not WATCH) is what keeps two concurrent
+writers from both producing version N+1 with different contents.
+
+    POST   /v1/devices                          register/refresh a push token → 201
+    DELETE /v1/devices/{device_id}?user_id=…    remove it → 204 (404 when unknown)
+    PUT    /v1/users/{user_id}/contact-points   set/clear phone (E.164) and email
+    GET    /v1/users/{user_id}/contact-points   the current record (tokens masked)
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable
+from datetime import datetime
+from typing import Annotated, Any
+
+import orjson
+from fastapi import APIRouter, Path, Query, Request
+from fastapi.responses import Response
+from pydantic import BaseModel
+from redis.exceptions import LockError, RedisError
+
+from api import keys
+from api.models import (
+    ContactPointsUpdate,
+    DeviceRegistration,
+    empty_contact_points,
+    with_contact_update,
+    with_device,
+    without_device,
+)
+from api.otp import prefix_allowed, sms_prefix_problem
+from api.pii import mask_email, mask_phone
+from api.problems import ProblemError, dumps, problem_responses
+from api.state import AppState, from_ms, guarded, now_utc, redis_unavailable, to_ms
+
+log = logging.getLogger(__name__)
+router = APIRouter(tags=["devices"])
+
+UserId = Annotated[str, Path(min_length=1, max_length=128, pattern=r"^[^\s/]+$")]
+_NS_DEVICE = uuid.UUID("0b7e3c1a-6f0d-5e55-9a51-5d0e8f0c2a11")
+
+
+def device_id_for(user_id: str, platform: str, token: str) -> str:
+    """Stable id of a user x token registration (re-registering yields the same id)."""
+    return str(uuid.uuid5(_NS_DEVICE, f"{len(user_id)}:{user_id}{platform}:{token}"))
+
+
+class DeviceView(BaseModel):
+    device_id: str
+    platform: str
+    token_hint: str
+    app_id: str | None = None
+    registered_at: datetime
+    valid: bool
+
+
+class ContactPointsView(BaseModel):
+    """The current contact points of a user (device tokens shown as hints only)."""
+
+    user_id: str
+    devices: list[DeviceView]
+    phone: dict[str, Any] | None = None
+    email: dict[str, Any] | None = None
+    updated_at: datetime
+    version: int
+
+
+class DeviceRegistered(BaseModel):
+    device_id: str
+    user_id: str
+    version: int
+
+
+def _view(record: dict[str, Any]) -> ContactPointsView:
+    devices = [
+        DeviceView(
+            device_id=d["device_id"],
+            platform=d["platform"],
+            token_hint=d["token"][:6] + "…",
+            app_id=d.get("app_id"),
+            registered_at=from_ms(d["registered_at"]),
+            valid=d["valid"],
+        )  # fmt: skip
+        for d in record["devices"]
+    ]
+    return ContactPointsView(
+        user_id=record["user_id"], devices=devices, phone=record.get("phone"),
+        email=record.get("email"), updated_at=from_ms(record["updated_at"]),
+        version=record["version"],
+    )  # fmt: skip
+
+
+def _as_ms(record: dict[str, Any]) -> dict[str, Any]:
+    """Timestamps as epoch ms (the Redis copy's convention, also valid for the serializer)."""
+
+    def ms(v: Any) -> Any:
+        return to_ms(v) if isinstance(v, datetime) else v
+
+    devices = [{**d, "registered_at": ms(d["registered_at"])} for d in record["devices"]]
+    return {**record, "devices": devices, "updated_at": ms(record["updated_at"])}
+
+
+async def _modify(
+    st: AppState, user_id: str, change: Callable[[dict[str, Any], datetime], dict[str, Any]]
+) -> dict[str, Any]:
+    """Lock, read, apply `change`, produce (acked), write the copy; returns the new record."""
+    lock = st.redis.lock(
+        keys.contact_points_lock(user_id), timeout=st.api.ack_timeout_seconds + 10,
+        blocking_timeout=5,
+    )  # fmt: skip
+    try:
+        async with lock:
+            now = now_utc()
+            raw = await st.redis.get(keys.contact_points(user_id))
+            current = orjson.loads(raw) if raw else _as_ms(empty_contact_points(user_id, now))
+            changed = change(current, now)
+            if changed is current:
+                return current
+            new = _as_ms(changed)
+            await st.publish("herald.devices", user_id, new)
+            await st.redis.set(keys.contact_points(user_id), orjson.dumps(new))
+            return new
+    except LockError as exc:
+        raise ProblemError(
+            503, "contact_points_busy", "another update of this user is in progress",
+            headers={"Retry-After": "1"},
+        ) from exc  # fmt: skip
+    except RedisError as exc:
+        raise redis_unavailable(st, exc) from exc
+
+
+@router.post(
+    "/v1/devices",
+    status_code=201,
+    response_model=DeviceRegistered,
+    responses=problem_responses(400, 401, 403, 413, 422, 429, 503),
+    summary="Register (or refresh) a push token",
+)
+async def register_device(body: DeviceRegistration, request: Request) -> Response:
+    """Add the token to the user's contact points; the same token again refreshes it."""
+    st, _ = await guarded(request, "devices:write")
+    device_id = device_id_for(body.user_id, body.platform, body.token)
+    record = await _modify(
+        st, body.user_id, lambda cur, now: with_device(cur, body, device_id, now)
+    )
+    log.info("api.device_registered platform=%s version=%d", body.platform, record["version"])
+    out = DeviceRegistered(device_id=device_id, user_id=body.user_id, version=record["version"])
+    return Response(dumps(out.model_dump()), status_code=201, media_type="application/json")
+
+
+@router.delete(
+    "/v1/devices/{device_id}",
+    status_code=204,
+    responses=problem_responses(401, 403, 404, 422, 429, 503),
+    summary="Remove a push token",
+)
+async def delete_device(
+    device_id: Annotated[str, Path(max_length=64)],
+    user_id: Annotated[str, Query(min_length=1, max_length=128, pattern=r"^[^\s]+$")],
+    request: Request,
+) -> Response:
+    """Remove the device from the user's contact points (404 when the user has no such device)."""
+    st, _ = await guarded(request, "devices:write")
+    found = False
+
+    def change(cur: dict[str, Any], now: datetime) -> dict[str, Any]:
+        nonlocal found
+        new = without_device(cur, device_id, now)
+        found = new is not cur
+        return new
+
+    await _modify(st, user_id, change)
+    if not found:
+        raise ProblemError(404, "device_not_found", "this user has no such device")
+    return Response(status_code=204)
+
+
+@router.put(
+    "/v1/users/{user_id}/contact-points",
+    response_model=ContactPointsView,
+    responses=problem_responses(400, 401, 403, 413, 422, 429, 503),
+    summary="Set or clear a user's phone and email",
+)
+async def put_contact_points(
+    user_id: UserId, body: ContactPointsUpdate, request: Request
+) -> Response:
+    """Apply the fields present in the body (null clears); the SMS prefix allow-list applies."""
+    st, _ = await guarded(request, "devices:write")
+    if body.phone is not None and not prefix_allowed(body.phone.e164, st.api.sms_allowed_prefixes):
+        st.metrics.rejected.labels("sms_prefix_not_allowed").inc()
+        raise sms_prefix_problem(["body", "phone", "e164"])
+    record = await _modify(st, user_id, lambda cur, now: with_contact_update(cur, body, now))
+    log.info(
+        "api.contact_points_updated phone=%s email=%s version=%d",
+        mask_phone(body.phone.e164 if body.phone else None),
+        mask_email(body.email.address if body.email else None), record["version"],
+    )  # fmt: skip
+    return Response(dumps(_view(record).model_dump()), media_type="application/json")
+
+
+@router.get(
+    "/v1/users/{user_id}/contact-points",
+    response_model=ContactPointsView,
+    responses=problem_responses(401, 403, 404, 429, 503),
+    summary="Read a user's contact points",
+)
+async def get_contact_points(user_id: UserId, request: Request) -> Response:
+    """The current record (404 before the first change)."""
+    st, _ = await guarded(request, "devices:read")
+    try:
+        raw = await st.redis.get(keys.contact_points(user_id))
+    except RedisError as exc:
+        raise redis_unavailable(st, exc) from exc
+    if raw is None:
+        raise ProblemError(404, "contact_points_not_found", "nothing registered for this user")
+    return Response(dumps(_view(orjson.loads(raw)).model_dump()), media_type="application/json")

@@ -1,0 +1,161 @@
+"""Inbox endpoints: list (newest first, cursor paging), mark read, unread count, WebSocket.
+
+    GET  /v1/users/{user_id}/inbox?limit=&cursor=      items + next_cursor + unread
+    POST /v1/users/{user_id}/inbox/{item_id}/read      mark one read → {unread}
+    POST /v1/users/{user_id}/inbox/read-all            mark all read → {unread: 0}
+    GET  /v1/users/{user_id}/inbox/unread-count        {unread}
+    WS   /v1/users/{user_id}/inbox/ws                  pushes {"type": "item"|"unread", ...}
+
+The WebSocket authenticates like the rest (X-API-Key / Bearer; browsers, which cannot set
+headers on a WebSocket, may pass `?api_key=`), needs scope inbox:read, sends the unread count
+first, then every event published on the user's channel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Path, Query, Request, WebSocket, WebSocketDisconnect
+from fastapi.responses import Response
+from pydantic import BaseModel
+from redis.exceptions import RedisError
+
+from api import inbox, keys
+from api.problems import ProblemError, dumps, problem_responses
+from api.state import AppState, guarded, redis_unavailable
+
+log = logging.getLogger(__name__)
+router = APIRouter(tags=["inbox"])
+
+UserId = Annotated[str, Path(min_length=1, max_length=128, pattern=r"^[^\s/]+$")]
+ItemId = Annotated[str, Path(min_length=1, max_length=128, pattern=r"^[^\s/]+$")]
+
+
+class InboxItem(BaseModel):
+    item_id: str
+    notification_id: str | None = None
+    notification_type: str | None = None
+    title: str
+    body: str
+    data: dict[str, str] = {}
+    created_at: int
+    read: bool
+
+
+class InboxPage(BaseModel):
+    items: list[InboxItem]
+    next_cursor: str | None
+    unread: int
+
+
+class Unread(BaseModel):
+    unread: int
+
+
+def _json(obj: Any) -> Response:
+    return Response(dumps(obj), media_type="application/json")
+
+
+@router.get(
+    "/v1/users/{user_id}/inbox", response_model=InboxPage,
+    responses=problem_responses(400, 401, 403, 429, 503), summary="List inbox items",
+)  # fmt: skip
+async def list_inbox(
+    user_id: UserId,
+    request: Request,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    cursor: Annotated[str | None, Query(max_length=200)] = None,
+) -> Response:
+    """Newest first; pass `next_cursor` back as `cursor` for the next page."""
+    st, _ = await guarded(request, "inbox:read")
+    position = inbox.decode_cursor(cursor) if cursor else None
+    if cursor and position is None:
+        raise ProblemError(400, "invalid_cursor", "cursor is not one this API returned")
+    try:
+        items, next_cursor, unread = await inbox.list_items(st.redis, user_id, limit, position)
+    except RedisError as exc:
+        raise redis_unavailable(st, exc) from exc
+    return _json({"items": items, "next_cursor": next_cursor, "unread": unread})
+
+
+@router.post(
+    "/v1/users/{user_id}/inbox/read-all", response_model=Unread,
+    responses=problem_responses(401, 403, 429, 503), summary="Mark every item read",
+)  # fmt: skip
+async def read_all(user_id: UserId, request: Request) -> Response:
+    st, _ = await guarded(request, "inbox:write")
+    try:
+        return _json({"unread": await inbox.mark_all_read(st.redis, user_id)})
+    except RedisError as exc:
+        raise redis_unavailable(st, exc) from exc
+
+
+@router.post(
+    "/v1/users/{user_id}/inbox/{item_id}/read", response_model=Unread,
+    responses=problem_responses(401, 403, 404, 429, 503), summary="Mark one item read",
+)  # fmt: skip
+async def read_one(user_id: UserId, item_id: ItemId, request: Request) -> Response:
+    st, _ = await guarded(request, "inbox:write")
+    try:
+        unread = await inbox.mark_read(st.redis, user_id, item_id)
+    except RedisError as exc:
+        raise redis_unavailable(st, exc) from exc
+    if unread is None:
+        raise ProblemError(404, "inbox_item_not_found", "no such item in this inbox")
+    return _json({"unread": unread})
+
+
+@router.get(
+    "/v1/users/{user_id}/inbox/unread-count", response_model=Unread,
+    responses=problem_responses(401, 403, 429, 503), summary="Unread count",
+)  # fmt: skip
+async def get_unread(user_id: UserId, request: Request) -> Response:
+    st, _ = await guarded(request, "inbox:read")
+    try:
+        return _json({"unread": await inbox.unread_count(st.redis, user_id)})
+    except RedisError as exc:
+        raise redis_unavailable(st, exc) from exc
+
+
+@router.websocket("/v1/users/{user_id}/inbox/ws")
+async def inbox_ws(websocket: WebSocket, user_id: str) -> None:
+    """Push new items and unread counts to an online user."""
+    st: AppState = websocket.app.state.herald
+    key = websocket.headers.get("x-api-key") or websocket.query_params.get("api_key")
+    auth = websocket.headers.get("authorization", "")
+    if not key and auth[:7].lower() == "bearer ":
+        key = auth[7:].strip()
+    tenant = st.tenants.authenticate(key)
+    if tenant is None or "inbox:read" not in tenant.scopes or not 0 < len(user_id) <= 128:
+        await websocket.close(code=1008)
+        return
+    pubsub = st.redis.pubsub()
+    try:
+        await pubsub.subscribe(keys.inbox_channel(user_id))
+        await websocket.accept()
+        unread = await inbox.unread_count(st.redis, user_id)
+        await websocket.send_text(dumps({"type": "unread", "unread": unread}).decode())
+        reader = asyncio.create_task(_drain(websocket))
+        try:
+            while not reader.done():
+                msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=0.5)
+                if msg is not None and msg.get("type") == "message":
+                    await websocket.send_text(str(msg["data"]))
+        finally:
+            reader.cancel()
+    except (WebSocketDisconnect, RedisError, RuntimeError) as exc:
+        log.debug("api.inbox_ws_closed reason=%s", type(exc).__name__)
+    finally:
+        with contextlib.suppress(Exception):
+            await pubsub.unsubscribe()
+            await pubsub.aclose()
+
+
+async def _drain(websocket: WebSocket) -> None:
+    """Read (and ignore) client frames until it disconnects."""
+    with contextlib.suppress(WebSocketDisconnect, RuntimeError):
+        while True:
+            await websocket.receive_text()

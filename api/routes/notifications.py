@@ -1,0 +1,203 @@
+"""POST /v1/notifications (accept) and GET /v1/notifications/{id} (layered status).
+
+Accept: validate → catalog checks → (OTP limits) → one Redis script (tenant rate + idempotency
+claim) → Avro → Kafka `herald.requests.{class}` → await the delivery report → record
+accepted state → 202. Kafka or Redis failing → 503; nothing answers 202 before the ack.
+
+Idempotency (key `idem:{nid}`, nid = ids.notification_id(tenant, request_id)):
+  no entry                    claim "pending", produce, mark "accepted" → 202
+  accepted, same body hash    202 with the stored notification_id and accepted_at (no produce)
+  any state, other body hash  409 naming the existing notification_id
+  pending, same body hash     produce again (a concurrent retry, or a crashed attempt): the
+                              duplicate record carries the same notification_id, downstream
+                              dedups by it
+A failed produce deletes its own pending claim, so a retry with another body is not a conflict.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import Response
+from redis.exceptions import RedisError
+
+from api import keys
+from api.intake import body_hash, check_against_catalog, check_times, is_otp
+from api.models import NotificationAccepted, NotificationCreate, to_request_record
+from api.otp import count_otp, enforce_otp_limits
+from api.problems import ProblemError, dumps, problem_responses
+from api.state import (
+    AppState,
+    authenticate,
+    from_ms,
+    guarded,
+    now_utc,
+    rate_limited,
+    redis_unavailable,
+    state_of,
+    to_ms,
+)
+from api.status import NotificationStatus, read_status
+from herald import ids
+
+log = logging.getLogger(__name__)
+router = APIRouter(tags=["notifications"])
+
+# KEYS[1] tenant rate key, KEYS[2] idem key; ARGV: limit, pending value, ttl seconds
+_ACCEPT_SCRIPT = """
+local n = redis.call('INCR', KEYS[1])
+if n == 1 then redis.call('EXPIRE', KEYS[1], 2) end
+if n > tonumber(ARGV[1]) then return {'limited', ''} end
+local cur = redis.call('GET', KEYS[2])
+if not cur then
+  redis.call('SET', KEYS[2], ARGV[2], 'EX', tonumber(ARGV[3]))
+  return {'new', ''}
+end
+return {'exists', cur}
+"""
+_RELEASE_SCRIPT = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
+def _accepted(nid: str, accepted_ms: int) -> Response:
+    body = {"notification_id": nid, "accepted_at": from_ms(accepted_ms)}
+    return Response(dumps(body), status_code=202, media_type="application/json")
+
+
+async def _claim(st: AppState, rate_key: str, limit: int, nid: str, pending: str) -> list[str]:
+    ttl = st.api.idempotency_ttl_seconds
+    if st.settings.redis.cluster:  # two slots: two calls
+        n = await st.redis.incr(rate_key)
+        if n == 1:
+            await st.redis.expire(rate_key, 2)
+        if n > limit:
+            return ["limited", ""]
+        if await st.redis.set(keys.idem(nid), pending, ex=ttl, nx=True):
+            return ["new", ""]
+        return ["exists", await st.redis.get(keys.idem(nid)) or ""]
+    return await st.redis.eval(  # type: ignore[no-any-return]
+        _ACCEPT_SCRIPT, 2, rate_key, keys.idem(nid), limit, pending, ttl
+    )
+
+
+@router.post(
+    "/v1/notifications",
+    status_code=202,
+    response_model=NotificationAccepted,
+    responses=problem_responses(400, 401, 403, 409, 413, 422, 429, 503),
+    summary="Accept a notification request (202 once durable in Kafka)",
+)
+async def create_notification(body: NotificationCreate, request: Request) -> Response:
+    """Accept one notification; see the module docstring for idempotency and durability."""
+    st = state_of(request)
+    tenant = authenticate(request, "notifications:write")
+    now = now_utc()
+    nt = check_against_catalog(body, st.catalog)
+    check_times(body, now, st.api.send_at_max_past_seconds, st.api.send_at_max_future_days)
+    otp = is_otp(nt)
+    if otp:
+        channels = body.channels or nt.allowed_channels
+        await enforce_otp_limits(
+            st, list(body.recipients.user_ids or []), "sms" in channels,
+            request.headers.get("x-end-user-ip"), request.headers.get("x-end-user-device"),
+        )  # fmt: skip
+    nid = ids.notification_id(tenant.tenant_id, body.request_id)
+    digest = body_hash(body)
+    accepted_ms = to_ms(now)
+    pending = f"{digest}|pending|{accepted_ms}"
+    rate_key = keys.rate(tenant.tenant_id, int(time.time()))
+    try:
+        outcome, current = await _claim(st, rate_key, tenant.rate_limit_per_second, nid, pending)
+    except RedisError as exc:
+        raise redis_unavailable(st, exc) from exc
+    if outcome == "limited":
+        raise rate_limited(st, tenant)
+    if outcome == "exists":
+        held_hash, state, held_ms = current.split("|")
+        if held_hash != digest:
+            st.metrics.rejected.labels("idempotency_conflict").inc()
+            raise ProblemError(
+                409, "idempotency_conflict",
+                "this request_id was used with a different body",
+                notification_id=nid,
+            )  # fmt: skip
+        if state == "accepted":
+            st.metrics.replayed.inc()
+            return _accepted(nid, int(held_ms))
+    record = to_request_record(body, nid, tenant.tenant_id, nt.traffic_class, now)  # type: ignore[arg-type]
+    try:
+        await st.publish(f"herald.requests.{nt.traffic_class}", nid, record)
+    except ProblemError:
+        with contextlib.suppress(RedisError):
+            await st.redis.eval(_RELEASE_SCRIPT, 1, keys.idem(nid), pending)
+        raise
+    await _record_accepted(st, nid, digest, accepted_ms, body, tenant.tenant_id, nt, otp)
+    st.metrics.accepted.labels(nt.traffic_class).inc()
+    if otp:
+        st.metrics.otp_sent.labels(nt.name).inc()
+        await count_otp(st, nt.name, "sent", now)
+    log.debug("api.notification_accepted nid=%s type=%s", nid, nt.name)
+    return _accepted(nid, accepted_ms)
+
+
+async def _record_accepted(
+    st: AppState, nid: str, digest: str, accepted_ms: int, body: NotificationCreate,
+    tenant_id: str, nt: Any, otp: bool,
+) -> None:  # fmt: skip
+    """Mark the idempotency key accepted and store the status header (after the Kafka ack).
+
+    A Redis failure here is logged, not answered 503: the request is already durable, and a
+    retry with the same body re-produces it (same notification_id) and records this again.
+    """
+    recipients = body.recipients
+    meta = {
+        "tenant_id": tenant_id,
+        "request_id": body.request_id,
+        "notification_type": nt.name,
+        "traffic_class": nt.traffic_class,
+        "accepted_at": accepted_ms,
+        "recipients": (
+            f"segment:{recipients.segment_id}" if recipients.segment_id is not None
+            else f"users:{len(recipients.user_ids or [])}"
+        ),
+        "otp": "1" if otp else "0",
+    }  # fmt: skip
+    try:
+        pipe = st.redis.pipeline(transaction=False)
+        pipe.set(
+            keys.idem(nid), f"{digest}|accepted|{accepted_ms}", ex=st.api.idempotency_ttl_seconds
+        )
+        pipe.hset(keys.notif(nid), mapping=meta)
+        pipe.expire(keys.notif(nid), st.api.status_ttl_seconds)
+        await pipe.execute()
+    except RedisError as exc:
+        log.warning("api.accepted_state_not_recorded nid=%s error=%s", nid, type(exc).__name__)
+
+
+@router.get(
+    "/v1/notifications/{notification_id}",
+    response_model=NotificationStatus,
+    responses=problem_responses(401, 403, 404, 429, 503),
+    summary="Layered status per delivery (user x channel)",
+)
+async def get_notification(
+    notification_id: str,
+    request: Request,
+    cursor: Annotated[str, Query(max_length=32, pattern=r"^\d+$")] = "0",
+    limit: Annotated[int, Query(ge=1, le=1000)] = 200,
+) -> Response:
+    """The request-level state and one entry per known delivery, paged by `cursor`."""
+    st, tenant = await guarded(request, "notifications:read")
+    try:
+        status = await read_status(st, notification_id, tenant.tenant_id, int(cursor), limit)
+    except RedisError as exc:
+        raise redis_unavailable(st, exc) from exc
+    if status is None:
+        raise ProblemError(404, "notification_not_found", "no such notification for this tenant")
+    return Response(dumps(status.model_dump()), media_type="application/json")

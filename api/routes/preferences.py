@@ -1,0 +1,87 @@
+"""PUT/GET /v1/users/{user_id}/preferences → compacted `herald.preferences` (key user_id).
+
+PUT replaces the user's preferences: version = INCR prefs:{user}:version (monotonic even with
+concurrent writers), the `user_preferences` record is produced and acked, then the Redis copy is
+written unless a newer version is already there. GET reads that copy (404 before any PUT).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated
+
+import orjson
+from fastapi import APIRouter, Path, Request
+from fastapi.responses import Response
+from redis.exceptions import RedisError
+
+from api import keys
+from api.models import PreferencesIn, PreferencesOut, preferences_from_record, to_preferences_record
+from api.problems import ProblemError, dumps, problem_responses
+from api.state import from_ms, guarded, now_utc, redis_unavailable, to_ms
+
+log = logging.getLogger(__name__)
+router = APIRouter(tags=["preferences"])
+
+UserId = Annotated[str, Path(min_length=1, max_length=128, pattern=r"^[^\s/]+$")]
+
+# Write the copy only when it is newer than what Redis holds. KEYS[1]; ARGV: json, version
+SET_IF_NEWER = """
+local cur = redis.call('GET', KEYS[1])
+if cur then
+  local ok, held = pcall(cjson.decode, cur)
+  if ok and tonumber(held['version']) >= tonumber(ARGV[2]) then return 0 end
+end
+redis.call('SET', KEYS[1], ARGV[1])
+return 1
+"""
+
+
+def _view(record: dict) -> PreferencesOut:  # type: ignore[type-arg]
+    data = dict(record)
+    if isinstance(data.get("updated_at"), int):
+        data["updated_at"] = from_ms(data["updated_at"])
+    return preferences_from_record(data)
+
+
+@router.put(
+    "/v1/users/{user_id}/preferences",
+    response_model=PreferencesOut,
+    responses=problem_responses(400, 401, 403, 413, 422, 429, 503),
+    summary="Replace a user's notification preferences",
+)
+async def put_preferences(user_id: UserId, body: PreferencesIn, request: Request) -> Response:
+    """Produce the new record (acked) and update the Redis copy; returns the stored view."""
+    st, _ = await guarded(request, "preferences:write")
+    now = now_utc()
+    try:
+        version = int(await st.redis.incr(keys.prefs_version(user_id)))
+    except RedisError as exc:
+        raise redis_unavailable(st, exc) from exc
+    record = to_preferences_record(user_id, body, now, version)
+    await st.publish("herald.preferences", user_id, record)
+    stored = {**record, "updated_at": to_ms(now)}
+    try:
+        await st.redis.eval(SET_IF_NEWER, 1, keys.prefs(user_id), orjson.dumps(stored), version)
+    except RedisError as exc:
+        log.warning("api.preferences_copy_failed version=%d error=%s", version, type(exc).__name__)
+    log.info("api.preferences_updated version=%d", version)
+    return Response(dumps(_view(stored).model_dump()), media_type="application/json")
+
+
+@router.get(
+    "/v1/users/{user_id}/preferences",
+    response_model=PreferencesOut,
+    responses=problem_responses(401, 403, 404, 429, 503),
+    summary="Read a user's notification preferences",
+)
+async def get_preferences(user_id: UserId, request: Request) -> Response:
+    """The latest stored preferences (404 when the user never set any)."""
+    st, _ = await guarded(request, "preferences:read")
+    try:
+        raw = await st.redis.get(keys.prefs(user_id))
+    except RedisError as exc:
+        raise redis_unavailable(st, exc) from exc
+    if raw is None:
+        raise ProblemError(404, "preferences_not_found", "no preferences stored for this user")
+    return Response(dumps(_view(orjson.loads(raw)).model_dump()), media_type="application/json")

@@ -1,0 +1,88 @@
+"""Email tracking: GET /t/o/{token}.gif (open pixel) and GET /t/c/{token} (click redirect).
+
+Both verify the HMAC token (api/tracking.py; tampered → 400), then emit an OPENED / CLICKED
+`delivery_event` to herald.delivery-events without waiting for the ack (tracking is analytics,
+never on the user's critical path; a refused record is counted and logged). Event ids are
+deterministic (`ids.event_id`), so repeated opens collapse into one event and repeated clicks
+on the same link into one per link. No API key: the signature is the authorization.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import logging
+from typing import Annotated
+from urllib.parse import urlsplit
+
+from fastapi import APIRouter, Path, Request
+from fastapi.responses import Response
+
+from api import tracking
+from api.problems import ProblemError, problem_responses
+from api.state import AppState, now_utc, state_of
+from herald import ids
+
+log = logging.getLogger(__name__)
+router = APIRouter(tags=["tracking"])
+
+PIXEL = base64.b64decode("R0lGODlhAQABAIAAAAAAAP///yH5BAEAAAAALAAAAAABAAEAAAIBRAA7")
+_NO_STORE = {"Cache-Control": "no-store, max-age=0", "Referrer-Policy": "no-referrer"}
+Token = Annotated[str, Path(min_length=3, max_length=tracking.MAX_TOKEN)]
+
+
+def _emit(st: AppState, kind: str, state: str, claims: dict[str, str], discriminator: str) -> None:
+    now = now_utc()
+    delivery_id = claims["d"]
+    attributes = {"source": "tracking"}
+    if "l" in claims:
+        attributes["link_host"] = urlsplit(claims["l"]).hostname or ""
+    record = {
+        "event_id": ids.event_id(delivery_id, state, 0, discriminator),
+        "delivery_id": delivery_id, "notification_id": claims["n"], "user_id": claims["u"],
+        "tenant_id": claims.get("t", ""), "notification_type": claims.get("y", ""),
+        "channel": "email", "traffic_class": claims.get("c", ""), "state": state,
+        "reason": None, "provider": None, "provider_msg_id": None, "attempt": 0,
+        "latency_ms": None, "occurred_at": now, "recorded_at": now, "attributes": attributes,
+    }  # fmt: skip
+    physical, serialize = st.serializers["herald.delivery-events"]
+    if st.producer.produce_nowait(physical, delivery_id, serialize(record)):
+        st.metrics.tracking.labels(kind).inc()
+    else:
+        st.metrics.unavailable.labels("kafka").inc()
+        log.warning("api.tracking_event_dropped kind=%s", kind)
+
+
+def _verify(st: AppState, kind: tracking.Kind, token: str) -> dict[str, str]:
+    try:
+        return tracking.verify(st.api.tracking_secret.get_secret_value().encode(), kind, token)
+    except tracking.BadToken as exc:
+        st.metrics.tracking_rejected.labels("open" if kind == "o" else "click").inc()
+        raise ProblemError(400, "invalid_tracking_token", str(exc)) from None
+
+
+@router.get(
+    "/t/o/{token}.gif", responses={200: {"content": {"image/gif": {}}},
+                                   **problem_responses(400)},
+    summary="Email open pixel",
+)  # fmt: skip
+async def open_pixel(token: Token, request: Request) -> Response:
+    """A 1x1 GIF; records OPENED for the delivery in the token."""
+    st = state_of(request)
+    claims = _verify(st, "o", token)
+    _emit(st, "open", "OPENED", claims, "")
+    return Response(PIXEL, media_type="image/gif", headers=_NO_STORE)
+
+
+@router.get(
+    "/t/c/{token}", status_code=302, responses={302: {"description": "Redirect to the link"},
+                                                **problem_responses(400)},
+    summary="Signed click redirect",
+)  # fmt: skip
+async def click(token: Token, request: Request) -> Response:
+    """302 to the URL inside the signed token; records CLICKED (one event per link)."""
+    st = state_of(request)
+    claims = _verify(st, "c", token)
+    link = claims["l"]
+    _emit(st, "click", "CLICKED", claims, hashlib.sha256(link.encode()).hexdigest()[:16])
+    return Response(status_code=302, headers={"Location": link, **_NO_STORE})

@@ -1,0 +1,100 @@
+"""Settings of the HTTP intake API (pydantic-settings; read only by `python -m api`).
+
+| class            | prefix              | example                                              |
+|------------------|---------------------|------------------------------------------------------|
+| ApiSettings      | HERALD_API_         | HERALD_API_TENANTS_FILE=/etc/herald/tenants.toml      |
+| ProviderSecrets  | HERALD_PROVIDERS_   | HERALD_PROVIDERS_SMS_A_AUTH_TOKEN=...                |
+
+Provider secrets verify callback signatures (PROVIDERS.md): sms_a is Twilio-style (auth token,
+HMAC-SHA1 over URL + sorted params), sms_b Vonage-style (signature secret + method), email
+SendGrid-style (ECDSA P-256 public key, PEM or base64 DER). A provider whose secret is not set
+rejects every callback (never accepts unsigned receipts).
+
+Embedded stack: the provider simulators generate their secrets at start and write them to
+`<run_dir>/simulators/<provider>/credentials.json`. With `simulator_dir` set (the API entry point
+sets it to `<run_dir>/simulators` when HERALD_PROVIDERS_SIMULATOR_DIR is unset), a provider
+without an explicit secret reads it from there. Explicit settings always win.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_TENANTS_FILE = Path(__file__).with_name("tenants.toml")
+
+
+class ProviderSecrets(BaseSettings):
+    """Callback verification secrets per provider."""
+
+    model_config = SettingsConfigDict(env_prefix="HERALD_PROVIDERS_")
+
+    sms_a_auth_token: SecretStr | None = None
+    sms_b_signature_secret: SecretStr | None = None
+    sms_b_signature_method: str = "sha256"
+    email_webhook_public_key: SecretStr | None = None
+    # Max age of a signed timestamp (Vonage `timestamp`, SendGrid header); replay protection.
+    max_skew_seconds: int = 600
+    simulator_dir: Path | None = None
+
+    def simulator_credentials(self, provider: str) -> dict[str, Any]:
+        """The credentials.json a simulator wrote for `provider` ({} when absent)."""
+        if self.simulator_dir is None:
+            return {}
+        try:
+            data = orjson.loads((self.simulator_dir / provider / "credentials.json").read_bytes())
+        except (OSError, orjson.JSONDecodeError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def sms_a_token(self) -> str:
+        """Twilio-style auth token ("" = none: reject)."""
+        if self.sms_a_auth_token is not None:
+            return self.sms_a_auth_token.get_secret_value()
+        return str(self.simulator_credentials("sms_a").get("auth_token") or "")
+
+    def sms_b_secret(self) -> tuple[str, str]:
+        """Vonage-style (signature secret, method)."""
+        if self.sms_b_signature_secret is not None:
+            return self.sms_b_signature_secret.get_secret_value(), self.sms_b_signature_method
+        creds = self.simulator_credentials("sms_b")
+        method = str(creds.get("signature_method") or self.sms_b_signature_method)
+        return str(creds.get("signature_secret") or ""), method
+
+    def email_public_key(self) -> str:
+        """SendGrid-style base64 DER public key ("" = none: reject)."""
+        if self.email_webhook_public_key is not None:
+            return self.email_webhook_public_key.get_secret_value()
+        return str(self.simulator_credentials("email").get("webhook_public_key") or "")
+
+
+class ApiSettings(BaseSettings):
+    """Limits, TTLs and abuse controls of the API."""
+
+    model_config = SettingsConfigDict(env_prefix="HERALD_API_")
+
+    tenants_file: Path = DEFAULT_TENANTS_FILE
+    catalog_file: Path | None = None
+    # Externally visible base URL (Twilio signs the full URL it posted to); None = request URL.
+    public_base_url: str | None = None
+    max_body_bytes: int = Field(64 * 1024, ge=1024)
+    max_callback_body_bytes: int = Field(1024 * 1024, ge=1024)
+    # How long a request may wait for Kafka's delivery report before 503.
+    ack_timeout_seconds: float = Field(5.0, gt=0)
+    idempotency_ttl_seconds: int = Field(24 * 3600, ge=60)
+    status_ttl_seconds: int = Field(30 * 24 * 3600, ge=60)
+    send_at_max_past_seconds: int = Field(300, ge=0)
+    send_at_max_future_days: int = Field(90, ge=1)
+    inbox_max_items: int = Field(500, ge=1)
+    # OTP abuse limits: (count, window seconds) per phone, end-user IP and end-user device.
+    otp_per_phone: tuple[int, int] = (5, 600)
+    otp_per_ip: tuple[int, int] = (20, 600)
+    otp_per_device: tuple[int, int] = (10, 600)
+    # SMS destinations allowed (E.164 prefixes, e.g. ["+41", "+49", "+86"]); empty = all.
+    sms_allowed_prefixes: list[str] = Field(default_factory=list)
+    tracking_secret: SecretStr = SecretStr("herald-dev-tracking-secret-change-me")
+    trust_forwarded_for: bool = False

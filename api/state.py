@@ -1,0 +1,155 @@
+"""Per-app state (clients, catalog, tenants, serializers) and the auth/rate-limit dependencies."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from fastapi import Request
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from api import keys
+from api.auth import Tenant, Tenants
+from api.kafka import AsyncProducer
+from api.metrics import ApiMetrics
+from api.problems import ProblemError
+from api.settings import ApiSettings, ProviderSecrets
+from herald.catalog import Catalog
+from herald.config import HeraldSettings
+from herald.errors import DeliveryError
+from infra.topics import load_topics, physical_subject
+from schemas.registry import SchemaRegistry
+from schemas.serde import AvroSerializer
+
+_RATE_SCRIPT = """
+local n = redis.call('INCR', KEYS[1])
+if n == 1 then redis.call('EXPIRE', KEYS[1], 2) end
+return n
+"""
+
+
+@dataclass
+class AppState:
+    """Everything a request handler needs; built by `create_app`, started in its lifespan."""
+
+    settings: HeraldSettings
+    api: ApiSettings
+    providers: ProviderSecrets
+    tenants: Tenants
+    catalog: Catalog
+    registry: SchemaRegistry
+    redis: Redis
+    producer: AsyncProducer
+    metrics: ApiMetrics = field(default_factory=ApiMetrics)
+    serializers: dict[str, tuple[str, AvroSerializer]] = field(default_factory=dict)
+
+    def build_serializers(self) -> None:
+        """One serializer per logical topic (schema registered lazily on first use)."""
+        kafka = self.settings.kafka
+        for spec in load_topics().values():
+            subject = physical_subject(spec, kafka)
+            ser = AvroSerializer(self.registry, subject, spec.schema)
+            self.serializers[spec.name] = (kafka.topic(spec.name), ser)
+
+    async def publish(self, topic: str, key: str | None, record: dict[str, Any]) -> None:
+        """Encode `record` for logical `topic` and wait for Kafka's ack; 503 problem on failure."""
+        physical, serialize = self.serializers[topic]
+        value = serialize(record)
+        try:
+            await self.producer.produce(physical, key, value, self.api.ack_timeout_seconds)
+        except DeliveryError as exc:
+            self.metrics.unavailable.labels("kafka").inc()
+            raise ProblemError(
+                503, "kafka_unavailable", f"not durable, retry later ({exc})",
+                headers={"Retry-After": "1"},
+            ) from exc  # fmt: skip
+
+
+def state_of(request: Request) -> AppState:
+    """The AppState of the app serving `request`."""
+    return request.app.state.herald  # type: ignore[no-any-return]
+
+
+def api_key_of(request: Request) -> str | None:
+    """The key from `X-API-Key` or `Authorization: Bearer`."""
+    key = request.headers.get("x-api-key")
+    if key:
+        return key
+    auth = request.headers.get("authorization", "")
+    if auth[:7].lower() == "bearer ":
+        return auth[7:].strip()
+    return None
+
+
+def authenticate(request: Request, scope: str) -> Tenant:
+    """The calling tenant; 401 missing/unknown key, 403 key without `scope`."""
+    st = state_of(request)
+    key = api_key_of(request)
+    tenant = st.tenants.authenticate(key)
+    if tenant is None:
+        code = "missing_api_key" if not key else "unknown_api_key"
+        st.metrics.rejected.labels(code).inc()
+        raise ProblemError(
+            401, code, "send a valid key in X-API-Key or Authorization: Bearer",
+            headers={"WWW-Authenticate": 'Bearer realm="herald"'},
+        )  # fmt: skip
+    if scope not in tenant.scopes:
+        st.metrics.rejected.labels("insufficient_scope").inc()
+        raise ProblemError(403, "insufficient_scope", f"this key lacks scope {scope}", scope=scope)
+    return tenant
+
+
+def rate_limited(st: AppState, tenant: Tenant, retry_after: int = 1) -> ProblemError:
+    """The 429 problem of a tenant over its rate."""
+    st.metrics.rejected.labels("rate_limited").inc()
+    return ProblemError(
+        429, "rate_limited",
+        f"tenant {tenant.tenant_id} is over {tenant.rate_limit_per_second} requests/s",
+        headers={"Retry-After": str(retry_after)}, retry_after=retry_after,
+    )  # fmt: skip
+
+
+async def check_rate(st: AppState, tenant: Tenant) -> None:
+    """Per-tenant fixed 1-second window in Redis; 429 + Retry-After when over the limit."""
+    second = int(time.time())
+    try:
+        n = await st.redis.eval(_RATE_SCRIPT, 1, keys.rate(tenant.tenant_id, second))
+    except RedisError as exc:
+        raise redis_unavailable(st, exc) from exc
+    if int(n) > tenant.rate_limit_per_second:
+        raise rate_limited(st, tenant)
+
+
+def redis_unavailable(st: AppState, exc: Exception) -> ProblemError:
+    """The 503 problem when Redis failed."""
+    st.metrics.unavailable.labels("redis").inc()
+    return ProblemError(
+        503, "redis_unavailable", f"hot state unavailable, retry later ({type(exc).__name__})",
+        headers={"Retry-After": "1"},
+    )  # fmt: skip
+
+
+async def guarded(request: Request, scope: str) -> tuple[AppState, Tenant]:
+    """Authenticate with `scope` and apply the tenant's rate limit."""
+    st = state_of(request)
+    tenant = authenticate(request, scope)
+    await check_rate(st, tenant)
+    return st, tenant
+
+
+def now_utc() -> datetime:
+    """The current instant, tz-aware UTC."""
+    return datetime.now(UTC)
+
+
+def to_ms(value: datetime) -> int:
+    """Epoch milliseconds of a tz-aware datetime."""
+    return int(value.timestamp() * 1000)
+
+
+def from_ms(ms: int) -> datetime:
+    """Tz-aware UTC datetime of epoch milliseconds."""
+    return datetime.fromtimestamp(ms / 1000, tz=UTC)

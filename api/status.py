@@ -1,0 +1,166 @@
+"""Layered delivery status from Redis hot state (`status:{nid}`, see api/keys.py).
+
+The plan, dispatch and receipts jobs write one JSON entry per delivery with
+`put_delivery_status` (sync client, what Bytewax sinks use). The API reads them and derives
+layers per delivery; until the first delivery exists a request shows state ACCEPTED.
+
+Layers answer four questions per delivery: did the platform accept it, did the provider accept
+it, was it delivered, was it read/opened. Each is `yes | no | pending | unknown`; `unknown`
+where the channel gives no such signal (APNs/FCM report no delivery; SMS has no read receipt),
+never counted as success or failure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Literal
+
+import orjson
+from pydantic import BaseModel
+
+from api import keys
+
+if TYPE_CHECKING:
+    import redis
+
+    from api.state import AppState
+
+Layer = Literal["yes", "no", "pending", "unknown"]
+
+# channel -> (reports delivery, reports read/open); herald.states may refine this later.
+CHANNEL_SIGNALS: dict[str, tuple[bool, bool]] = {
+    "push": (False, False),
+    "sms": (True, False),
+    "email": (True, True),
+    "inapp": (True, True),
+}
+_RANK = {
+    "ACCEPTED": 0, "PLANNED": 1, "SCHEDULED": 1, "QUEUED": 2, "RETRY_SCHEDULED": 2,
+    "SENDING": 3, "PROVIDER_ACCEPTED": 4, "DELIVERED": 5, "DELIVERY_UNKNOWN": 4,
+    "READ": 6, "OPENED": 6, "CLICKED": 6,
+}  # fmt: skip
+_FAILED = {"SUPPRESSED", "EXPIRED", "FAILED_PERMANENT"}
+
+
+class Layers(BaseModel):
+    """Answers per layer: yes | no | pending | unknown."""
+
+    accepted: Layer
+    provider_accepted: Layer
+    delivered: Layer
+    read: Layer
+
+
+class DeliveryStatus(BaseModel):
+    """One delivery (user x channel [x device])."""
+
+    delivery_id: str
+    user_id: str
+    channel: str
+    provider: str | None = None
+    state: str
+    status_reason: str | None = None
+    updated_at: datetime | None = None
+    layers: Layers
+
+
+class NotificationStatus(BaseModel):
+    """Body of GET /v1/notifications/{id}."""
+
+    notification_id: str
+    notification_type: str
+    traffic_class: str
+    accepted_at: datetime
+    state: str
+    recipients: str
+    deliveries: list[DeliveryStatus]
+    summary: dict[str, int]
+    next_cursor: str | None = None
+
+
+def layers_for(state: str, channel: str) -> Layers:
+    """Derive the four layers from a delivery's current state and its channel's signals."""
+    reports_delivery, reports_read = CHANNEL_SIGNALS.get(channel, (False, False))
+    if state in _FAILED:
+        return Layers(accepted="yes", provider_accepted="no", delivered="no", read="no")
+    if state == "UNKNOWN":
+        return Layers(accepted="yes", provider_accepted="unknown", delivered="unknown",
+                      read="unknown")  # fmt: skip
+    rank = _RANK.get(state, 0)
+    provider: Layer = "yes" if rank >= 4 else "pending"
+    if state == "DELIVERY_UNKNOWN" or not reports_delivery:
+        delivered: Layer = "yes" if rank >= 5 else ("unknown" if rank >= 4 else "pending")
+    else:
+        delivered = "yes" if rank >= 5 else "pending"
+    if rank >= 6:
+        read: Layer = "yes"
+    elif not reports_read:
+        read = "unknown"
+    else:
+        read = "pending"
+    return Layers(accepted="yes", provider_accepted=provider, delivered=delivered, read=read)
+
+
+def status_entry(
+    *, state: str, channel: str, user_id: str, updated_at: datetime,
+    reason: str | None = None, provider: str | None = None,
+) -> bytes:  # fmt: skip
+    """The JSON value of one `status:{nid}` field."""
+    return orjson.dumps(
+        {"state": state, "reason": reason, "channel": channel, "user_id": user_id,
+         "provider": provider, "updated_at": updated_at},
+        option=orjson.OPT_UTC_Z,
+    )  # fmt: skip
+
+
+def put_delivery_status(
+    client: redis.Redis, notification_id: str, delivery_id: str, entry: bytes,
+    ttl_seconds: int = 30 * 24 * 3600,
+) -> None:  # fmt: skip
+    """Write one delivery's current status (callers fold transitions; this only stores)."""
+    pipe = client.pipeline(transaction=False)
+    pipe.hset(keys.status(notification_id), delivery_id, entry)
+    pipe.expire(keys.status(notification_id), ttl_seconds)
+    pipe.execute()
+
+
+def _delivery(delivery_id: str, raw: bytes | str) -> DeliveryStatus:
+    data: Mapping[str, Any] = orjson.loads(raw)
+    state = str(data.get("state", "ACCEPTED"))
+    channel = str(data.get("channel", ""))
+    return DeliveryStatus(
+        delivery_id=delivery_id, user_id=str(data.get("user_id", "")), channel=channel,
+        provider=data.get("provider"), state=state, status_reason=data.get("reason"),
+        updated_at=data.get("updated_at"), layers=layers_for(state, channel),
+    )  # fmt: skip
+
+
+async def read_status(
+    st: AppState, nid: str, tenant_id: str, cursor: int, limit: int
+) -> NotificationStatus | None:
+    """The status view, or None when unknown to this tenant (other tenants see 404 too)."""
+    from api.state import from_ms
+
+    meta = await st.redis.hgetall(keys.notif(nid))
+    if not meta or meta.get("tenant_id") != tenant_id:
+        return None
+    next_cursor, fields = await st.redis.hscan(keys.status(nid), cursor=cursor, count=limit)
+    deliveries = sorted(
+        (_delivery(d, raw) for d, raw in fields.items()), key=lambda d: (d.user_id, d.channel)
+    )
+    summary: dict[str, int] = {}
+    for d in deliveries:
+        summary[d.state] = summary.get(d.state, 0) + 1
+    if not deliveries and cursor == 0:
+        state = "ACCEPTED"
+    elif len(summary) == 1:
+        state = next(iter(summary))
+    else:
+        state = "IN_PROGRESS"
+    return NotificationStatus(
+        notification_id=nid, notification_type=meta["notification_type"],
+        traffic_class=meta["traffic_class"], accepted_at=from_ms(int(meta["accepted_at"])),
+        state=state, recipients=meta.get("recipients", ""), deliveries=deliveries,
+        summary=summary, next_cursor=str(next_cursor) if int(next_cursor) else None,
+    )  # fmt: skip

@@ -1,0 +1,96 @@
+"""Signed tracking tokens for email open pixels and click redirects.
+
+    token = base64url(JSON claims) "." base64url(HMAC-SHA256(secret, "o|" or "c|" + claims))
+
+Claims: `d` delivery_id, `n` notification_id, `u` user_id, `t` tenant_id, `y` notification type,
+`c` traffic class, and for clicks `l` the target URL (http/https only). The kind is part of the
+MAC, so an open token cannot be replayed as a click. A click redirects only to the URL inside a
+valid token: there is no URL parameter, so the endpoint is never an open redirect.
+
+The email renderer (dispatch) builds links with `open_pixel_url` / `click_url`.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+import orjson
+
+Kind = Literal["o", "c"]
+MAX_TOKEN = 4096
+
+
+class BadToken(ValueError):
+    """The token is malformed, tampered with, or carries an unsafe URL."""
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def safe_url(url: str) -> bool:
+    """Only absolute http(s) URLs with a host."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.netloc) and "\\" not in url
+
+
+def sign(secret: bytes, kind: Kind, claims: dict[str, str]) -> str:
+    """A token of `kind` carrying `claims`."""
+    if kind == "c" and not safe_url(claims.get("l", "")):
+        raise BadToken("click target must be an absolute http(s) URL")
+    body = orjson.dumps(claims, option=orjson.OPT_SORT_KEYS)
+    mac = hmac.new(secret, kind.encode() + b"|" + body, hashlib.sha256).digest()
+    return f"{_b64(body)}.{_b64(mac)}"
+
+
+def verify(secret: bytes, kind: Kind, token: str) -> dict[str, Any]:
+    """The claims of a valid token; raises BadToken otherwise."""
+    if len(token) > MAX_TOKEN or token.count(".") != 1:
+        raise BadToken("malformed token")
+    body_b64, mac_b64 = token.split(".")
+    try:
+        body, mac = _unb64(body_b64), _unb64(mac_b64)
+    except (binascii.Error, ValueError):
+        raise BadToken("malformed token") from None
+    expected = hmac.new(secret, kind.encode() + b"|" + body, hashlib.sha256).digest()
+    if not hmac.compare_digest(mac, expected):
+        raise BadToken("bad signature")
+    try:
+        claims = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        raise BadToken("malformed claims") from None
+    if not isinstance(claims, dict) or not all(isinstance(claims.get(k), str) for k in "dnu"):
+        raise BadToken("missing claims")
+    if kind == "c" and not safe_url(str(claims.get("l", ""))):
+        raise BadToken("unsafe target")
+    return claims
+
+
+def _claims(delivery: dict[str, str]) -> dict[str, str]:
+    return {
+        "d": delivery["delivery_id"], "n": delivery["notification_id"],
+        "u": delivery["user_id"], "t": delivery.get("tenant_id", ""),
+        "y": delivery.get("notification_type", ""), "c": delivery.get("traffic_class", ""),
+    }  # fmt: skip
+
+
+def open_pixel_url(base_url: str, secret: bytes, delivery: dict[str, str]) -> str:
+    """`<base>/t/o/<token>.gif` for one email delivery."""
+    return f"{base_url.rstrip('/')}/t/o/{sign(secret, 'o', _claims(delivery))}.gif"
+
+
+def click_url(base_url: str, secret: bytes, delivery: dict[str, str], target: str) -> str:
+    """`<base>/t/c/<token>` redirecting to `target`."""
+    return f"{base_url.rstrip('/')}/t/c/{sign(secret, 'c', {**_claims(delivery), 'l': target})}"

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -245,8 +246,14 @@ async def serve(sim: Simulator, *, max_concurrent_streams: int = 1000) -> None:
         ssl_protocol_min=SSLProtocols.tls12,
     )
     loop = asyncio.get_running_loop()
+
+    def stop() -> None:
+        server.stop()
+        # Streams held open on purpose (timeout after accept) would delay a graceful stop.
+        loop.call_later(1.0, os._exit, 0)
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, server.stop)
+        loop.add_signal_handler(sig, stop)
     await sim.startup()
     log.info("simulator.serving name=%s url=%s", sim.name, sim.base_url)
     try:

@@ -1,0 +1,102 @@
+"""SendGridClient (email) against the SendGrid-shaped simulator."""
+
+from __future__ import annotations
+
+import pytest
+
+from herald.outcomes import (
+    Accepted,
+    Outcome,
+    Permanent,
+    PlatformError,
+    RateLimited,
+    Retryable,
+    Unknown,
+)
+from infra.simulators.launcher import RunningSimulator
+from infra.simulators.recorder import CallbackRecorder
+from sinks.providers import ProviderClient, SendGridClient
+from sinks.providers.signatures import verify_sendgrid
+from tests.sinks.providers.helpers import delivery, send_one, send_with, sendgrid_config
+
+EMAIL = "user@example.com"
+
+
+def test_accepted_and_events_carry_the_delivery_id(
+    email: RunningSimulator, recorder: CallbackRecorder
+) -> None:
+    email.configure(
+        unregistered=["gone@example.com"],
+        receipts={"delay": {"ms": 10}, "step_ms": 20, "batch_ms": 30},
+    )
+    ok, gone = delivery(EMAIL, channel="email"), delivery("gone@example.com", channel="email")
+
+    async def body(client: ProviderClient) -> list[Outcome]:
+        return [await client.send(ok), await client.send(gone)]
+
+    outcomes = send_with(lambda: SendGridClient(sendgrid_config(email)), body)
+    assert all(isinstance(o, Accepted) and o.status_code == 202 for o in outcomes)
+    events: list[dict[str, str]] = []
+    while len(events) < 4:
+        recorder.wait_for(len(recorder.requests) + 1)
+        events = [e for r in recorder.requests for e in r.json()]  # type: ignore[union-attr]
+    key = email.credentials()["webhook_public_key"]
+    for r in recorder.requests:
+        assert verify_sendgrid(
+            key,
+            r.headers["x-twilio-email-event-webhook-signature"],
+            r.headers["x-twilio-email-event-webhook-timestamp"],
+            r.body,
+        )
+    final = {e["delivery_id"]: e["event"] for e in events if e["event"] != "processed"}
+    assert final == {ok["delivery_id"]: "delivered", gone["delivery_id"]: "bounce"}
+    assert all(
+        e["sg_message_id"].startswith(str(outcomes[0].provider_msg_id))  # type: ignore[union-attr]
+        for e in events
+        if e["delivery_id"] == ok["delivery_id"]
+    )
+
+
+@pytest.mark.parametrize(
+    ("code", "expected"),
+    [
+        ("400", Permanent),
+        ("413", Permanent),
+        ("401", PlatformError),
+        ("403", PlatformError),
+        ("500", Retryable),
+        ("503", Retryable),
+    ],
+)
+def test_outcome_map(email: RunningSimulator, code: str, expected: type[Outcome]) -> None:
+    email.configure(errors={code: 1.0})
+    outcome = send_one(lambda: SendGridClient(sendgrid_config(email)), delivery(EMAIL))
+    assert isinstance(outcome, expected) and outcome.status_code == int(code)
+
+
+def test_invalid_address_and_bad_key(email: RunningSimulator) -> None:
+    bad = send_one(lambda: SendGridClient(sendgrid_config(email)), delivery("not-an-email"))
+    assert isinstance(bad, Permanent) and bad.reason == "http_400:personalizations.0.to.0.email"
+    wrong = send_one(
+        lambda: SendGridClient(sendgrid_config(email, api_key="SG.x")), delivery(EMAIL)
+    )
+    assert isinstance(wrong, PlatformError) and wrong.status_code == 401
+
+
+def test_rate_limit_gives_retry_after(email: RunningSimulator) -> None:
+    email.configure(rate_limit=1, rate_burst=1, retry_after_s=2)
+
+    async def body(client: ProviderClient) -> list[Outcome]:
+        return [await client.send(delivery(EMAIL)) for _ in range(3)]
+
+    outcomes = send_with(lambda: SendGridClient(sendgrid_config(email)), body)
+    limited = [o for o in outcomes if isinstance(o, RateLimited)]
+    assert limited and limited[0].retry_after is not None and limited[0].retry_after >= 1
+
+
+def test_timeout_after_accept_is_unknown(email: RunningSimulator) -> None:
+    email.configure(timeout_after_accept=1.0)
+    outcome = send_one(
+        lambda: SendGridClient(sendgrid_config(email, timeout_s=0.5)), delivery(EMAIL)
+    )
+    assert isinstance(outcome, Unknown)

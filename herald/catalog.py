@@ -134,6 +134,25 @@ class RenderFailed(TemplateError):
         super().__init__("render_failed", detail)
 
 
+def _next_channels(fallback: Mapping[str, tuple[str, ...]], channel: str) -> tuple[str, ...]:
+    steps = (step.split(":", 1)[0] for step in fallback.get(channel, ()))
+    return tuple(dict.fromkeys(c for c in steps if c != channel))
+
+
+def reachable_channels(
+    channels: tuple[str, ...], fallback: Mapping[str, tuple[str, ...]]
+) -> tuple[str, ...]:
+    """`channels`, then every channel reachable through the fallback graph, breadth first."""
+    seen = dict.fromkeys(channels)
+    queue = list(channels)
+    while queue:
+        for nxt in _next_channels(fallback, queue.pop(0)):
+            if nxt not in seen:
+                seen[nxt] = None
+                queue.append(nxt)
+    return tuple(seen)
+
+
 def normalize_locale(tag: str) -> str:
     """`pt_br` → `pt-BR`, `zh-hans-cn` → `zh-Hans-CN`; raises `InvalidLocale` when malformed."""
     if not isinstance(tag, str) or not _LOCALE.match(tag):
@@ -204,6 +223,7 @@ class NotificationType:
     digest: DigestConfig | None
     cap: CapConfig | None
     providers: Mapping[str, str]
+    allowed_channels: tuple[str, ...] = ()  # primaries, then channels reachable by fallback
 
     @property
     def expiry(self) -> timedelta:
@@ -217,20 +237,7 @@ class NotificationType:
 
     def fallback_channels(self, channel: str) -> tuple[str, ...]:
         """Other channels one fallback step away from `channel`, in order."""
-        steps = (step.split(":", 1)[0] for step in self.fallback.get(channel, ()))
-        return tuple(dict.fromkeys(c for c in steps if c != channel))
-
-    @property
-    def allowed_channels(self) -> tuple[str, ...]:
-        """Primary channels, then every channel reachable through the fallback graph."""
-        seen = dict.fromkeys(self.channels)
-        queue = list(self.channels)
-        while queue:
-            for nxt in self.fallback_channels(queue.pop(0)):
-                if nxt not in seen:
-                    seen[nxt] = None
-                    queue.append(nxt)
-        return tuple(seen)
+        return _next_channels(self.fallback, channel)
 
     def template_set(self, version: int | None = None) -> TemplateSet:
         """The pinned version, or the current one; raises `UnknownTemplateVersion`."""
@@ -473,12 +480,13 @@ def _parse_type(f: Fields, name: str, ctx: ParseContext) -> NotificationType:
     flags: dict[str, bool] = {key: f.get(key, bool, False) for key in _FLAGS}
     _check_bypass(f, category, flags)
     default_locale = f.locale("default_locale") if "default_locale" in f.raw else None
+    fallback = _parse_fallback(f, channels)
     nt = NotificationType(
         name=name,
         category=category,
         traffic_class=f.choice("traffic_class", TRAFFIC_CLASSES),
         channels=channels,
-        fallback=_parse_fallback(f, channels),
+        fallback=fallback,
         expiry_seconds=f.integer("expiry_seconds", 1, ctx.default_expiry),
         default_locale=default_locale,
         template_version=0,
@@ -486,6 +494,7 @@ def _parse_type(f: Fields, name: str, ctx: ParseContext) -> NotificationType:
         digest=parse_digest_config(f.sub("digest"), ctx) if "digest" in f.raw else None,
         cap=_cap_for(f, category, ctx),
         providers=_parse_providers(f),
+        allowed_channels=reachable_channels(channels, fallback),
         **flags,
     )
     templates = parse_templates(f.sub("templates"), nt, ctx)

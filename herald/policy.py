@@ -1,0 +1,413 @@
+"""The per user × channel send decision (seed 000 §5.4, seed 001). Pure: no I/O, no clock.
+
+`decide(catalog, request, prefs, contacts, now_utc, cap_count)` returns one decision per channel
+considered, checked in the seeds' order (the first failing check gives the reason):
+
+1. global opt-out → `global_opt_out`;  2. category opt-out → `category_opt_out`
+   (both skipped by `bypass_opt_out`, which only approved transactional types have);
+3. per channel: not allowed for the type → `channel_not_allowed`; channel or category×channel
+   opt-out → `channel_opt_out`; availability → `no_contact_point`, `no_valid_token`,
+   `phone_unverified`, `email_unverified` (unverified is fine for `allow_unverified_contact`).
+   An unavailable primary channel falls back along the type's fallback graph at plan time
+   (within the caller's `channels`): the result is `Suppress(primary)` + `Send(alt)`;
+4. `send_at` in the future → `Hold(reason="scheduled")`; quiet hours in the user's zone (only
+   on the catalog's `quiet_hours_channels`; skipped by `bypass_quiet_hours`) →
+   `Hold(until=window end, reason="quiet_hours")`: held, never dropped. A hold ending at or
+   after the expiry is `Suppress("expired")` instead;
+5. frequency cap (non-transactional types with a bucket): `cap_count >= limit` → `frequency_cap`;
+6. expiry: `now >= expire_at` → `Suppress("expired")` (state EXPIRED).
+
+Holds are re-decided on release (preferences may change meanwhile). `Hold.planned` is the Send
+the hold would become. Channel choice: the caller's `channels` ∩ the type's channels (plus
+fallback channels the caller names) in catalog preference order; the type's channels when unset.
+
+Push is decided per user × push with every valid device token (`Send.addresses`); the plan job
+emits one Delivery per address with `delivery_id(nid, user, "push", device_id)`, so a dead
+token fails and is removed alone while the other devices are still served (see `herald.ids`).
+
+A user without a time zone gets the catalog's explicit `default_timezone`. Bad input raises:
+`InvalidLocale`/`UnknownTemplateVersion`/`UnknownNotificationType` (CatalogLookupError) and
+`InvalidTimezone`/`InvalidTimeOfDay` from `from_record`; the plan job dead-letters them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from typing import Any
+
+from herald.catalog import Catalog, NotificationType, normalize_locale, reachable_channels
+from herald.quiet_hours import QuietWindow, get_zone, quiet_until
+from herald.states import State
+
+__all__ = [
+    "Address",
+    "ContactPoints",
+    "Decision",
+    "Device",
+    "Hold",
+    "PolicyRequest",
+    "Preferences",
+    "Send",
+    "Suppress",
+    "decide",
+]
+
+
+def _instant(value: Any) -> datetime | None:
+    """Avro timestamp-millis as decoded (aware datetime) or raw epoch millis → aware datetime."""
+    if value is None or isinstance(value, datetime):
+        if value is not None and value.tzinfo is None:
+            raise ValueError("timestamps must be timezone-aware")
+        return value
+    return datetime.fromtimestamp(int(value) / 1000, UTC)
+
+
+@dataclass(frozen=True, slots=True)
+class Preferences:
+    """A user's latest preferences (the `UserPreferences` record)."""
+
+    user_id: str
+    global_opt_out: bool = False
+    category_opt_out: frozenset[str] = frozenset()
+    channel_opt_out: frozenset[str] = frozenset()
+    category_channel_opt_out: frozenset[str] = frozenset()  # "marketing:sms"
+    quiet_hours: QuietWindow | None = None
+    timezone: str | None = None
+    locale: str | None = None
+    version: int = 0
+
+    @classmethod
+    def from_record(cls, rec: Mapping[str, Any]) -> Preferences:
+        """Validate a decoded record; raises InvalidTimezone/InvalidTimeOfDay/InvalidLocale."""
+        quiet = rec.get("quiet_hours")
+        tz = rec.get("timezone")
+        if tz is not None:
+            get_zone(tz)
+        locale = rec.get("locale")
+        return cls(
+            user_id=rec["user_id"],
+            global_opt_out=bool(rec.get("global_opt_out", False)),
+            category_opt_out=frozenset(rec.get("category_opt_out") or ()),
+            channel_opt_out=frozenset(rec.get("channel_opt_out") or ()),
+            category_channel_opt_out=frozenset(rec.get("category_channel_opt_out") or ()),
+            quiet_hours=QuietWindow.parse(quiet["start"], quiet["end"]) if quiet else None,
+            timezone=tz,
+            locale=normalize_locale(locale) if locale else None,
+            version=int(rec.get("version", 0)),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Device:
+    """One registered push endpoint."""
+
+    device_id: str
+    platform: str  # apns | fcm
+    token: str
+    app_id: str | None = None
+    valid: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class ContactPoints:
+    """A user's current contact points (the `ContactPoints` record)."""
+
+    user_id: str
+    devices: tuple[Device, ...] = ()
+    phone: str | None = None
+    phone_verified: bool = False
+    email: str | None = None
+    email_verified: bool = False
+    version: int = 0
+
+    @classmethod
+    def from_record(cls, rec: Mapping[str, Any]) -> ContactPoints:
+        """From a decoded record."""
+        phone, email = rec.get("phone") or {}, rec.get("email") or {}
+        devices = tuple(
+            Device(d["device_id"], d["platform"], d["token"], d.get("app_id"), d.get("valid", True))
+            for d in rec.get("devices") or ()
+        )
+        return cls(
+            user_id=rec["user_id"],
+            devices=devices,
+            phone=phone.get("e164"),
+            phone_verified=bool(phone.get("verified", False)),
+            email=email.get("address"),
+            email_verified=bool(email.get("verified", False)),
+            version=int(rec.get("version", 0)),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyRequest:
+    """What the policy needs from a `NotificationRequest` (one user's view of it)."""
+
+    notification_type: str
+    channels: tuple[str, ...] | None = None
+    locale: str | None = None
+    template_version: int | None = None
+    send_at: datetime | None = None
+    expire_at: datetime | None = None
+    accepted_at: datetime | None = None
+
+    @classmethod
+    def from_record(cls, rec: Mapping[str, Any]) -> PolicyRequest:
+        """From a decoded `NotificationRequest` record."""
+        channels = rec.get("channels")
+        return cls(
+            notification_type=rec["notification_type"],
+            channels=tuple(channels) if channels is not None else None,
+            locale=rec.get("locale"),
+            template_version=rec.get("template_version"),
+            send_at=_instant(rec.get("send_at")),
+            expire_at=_instant(rec.get("expire_at")),
+            accepted_at=_instant(rec.get("accepted_at")),
+        )
+
+    def expires(self, nt: NotificationType) -> datetime | None:
+        """`expire_at`, else `accepted_at` + the type's expiry, else None."""
+        if self.expire_at is not None:
+            return self.expire_at
+        return self.accepted_at + nt.expiry if self.accepted_at is not None else None
+
+
+@dataclass(frozen=True, slots=True)
+class Address:
+    """One endpoint: token (push), E.164 (sms), address (email) or user id (inapp)."""
+
+    value: str
+    platform: str | None = None
+    device_id: str | None = None
+    provider: str | None = None
+    app_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """Send on `channel` to every address; `fallback` = remaining steps for dispatch."""
+
+    channel: str
+    addresses: tuple[Address, ...]
+    locale: str
+    provider: str | None
+    fallback: tuple[str, ...]
+    expire_at: datetime | None
+    not_before: datetime | None = None
+    fallback_from: str | None = None
+    state = State.PLANNED
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """Hold until `until` (UTC), then decide again; `planned` is what would be sent."""
+
+    channel: str
+    until: datetime
+    reason: str  # quiet_hours | scheduled
+    planned: Send
+    state = State.SCHEDULED
+
+
+@dataclass(frozen=True, slots=True)
+class Suppress:
+    """Do not send on `channel`; `reason` is machine-readable."""
+
+    channel: str
+    reason: str
+
+    @property
+    def state(self) -> State:
+        """EXPIRED for expiry, SUPPRESSED otherwise."""
+        return State.EXPIRED if self.reason == "expired" else State.SUPPRESSED
+
+
+Decision = Send | Hold | Suppress
+
+
+def decide(
+    catalog: Catalog,
+    request: PolicyRequest,
+    prefs: Preferences,
+    contacts: ContactPoints,
+    now_utc: datetime,
+    cap_count: int = 0,
+) -> list[Decision]:
+    """Decide every channel of one user for one notification (see the module docstring)."""
+    if now_utc.tzinfo is None:
+        raise ValueError("now_utc must be timezone-aware")
+    nt = catalog.get(request.notification_type)
+    primaries, permitted, out = _channels(nt, request)
+    user_reason = _user_opt_out(nt, prefs)
+    if user_reason is not None:
+        return [*out, *(Suppress(c, user_reason) for c in primaries)]
+    for channel, addresses, via in _choose(nt, primaries, permitted, prefs, contacts, out):
+        send = _send(catalog, nt, request, prefs, channel, addresses, via, permitted)
+        out.append(_timing(catalog, nt, request, prefs, send, now_utc, cap_count))
+    return out
+
+
+def _channels(
+    nt: NotificationType, request: PolicyRequest
+) -> tuple[list[str], frozenset[str], list[Decision]]:
+    """(primary channels, channels fallback may use, channel_not_allowed suppressions)."""
+    allowed = nt.allowed_channels
+    if request.channels is None:
+        return list(nt.channels), frozenset(allowed), []
+    wanted = dict.fromkeys(request.channels)
+    rejected: list[Decision] = [
+        Suppress(c, "channel_not_allowed") for c in wanted if c not in allowed
+    ]
+    primaries = [c for c in allowed if c in wanted]
+    return primaries, frozenset(primaries), rejected
+
+
+def _user_opt_out(nt: NotificationType, prefs: Preferences) -> str | None:
+    if nt.bypass_opt_out:
+        return None
+    if prefs.global_opt_out:
+        return "global_opt_out"
+    if nt.category in prefs.category_opt_out:
+        return "category_opt_out"
+    return None
+
+
+def _choose(
+    nt: NotificationType,
+    primaries: list[str],
+    permitted: frozenset[str],
+    prefs: Preferences,
+    contacts: ContactPoints,
+    out: list[Decision],
+) -> list[tuple[str, tuple[Address, ...], str | None]]:
+    """Usable (channel, addresses, replaced primary) in order; appends Suppress for the rest."""
+    chosen: list[tuple[str, tuple[Address, ...], str | None]] = []
+    used: set[str] = set()
+    for primary in primaries:
+        found = _usable(nt, primary, prefs, contacts)
+        if not isinstance(found, str):
+            if primary not in used:
+                chosen.append((primary, found, None))
+                used.add(primary)
+            continue
+        out.append(Suppress(primary, found))
+        for alt in reachable_channels((primary,), nt.fallback)[1:]:
+            if alt in permitted and alt not in used and alt not in primaries:
+                alt_found = _usable(nt, alt, prefs, contacts)
+                if not isinstance(alt_found, str):
+                    chosen.append((alt, alt_found, primary))
+                    used.add(alt)
+                    break
+    return chosen
+
+
+def _usable(
+    nt: NotificationType, channel: str, prefs: Preferences, contacts: ContactPoints
+) -> tuple[Address, ...] | str:
+    """The channel's addresses, or the reason it cannot be used (opt-out or availability)."""
+    if not nt.bypass_opt_out and (
+        channel in prefs.channel_opt_out
+        or f"{nt.category}:{channel}" in prefs.category_channel_opt_out
+    ):
+        return "channel_opt_out"
+    if channel == "push":
+        if not contacts.devices:
+            return "no_contact_point"
+        valid = [d for d in contacts.devices if d.valid]
+        if not valid:
+            return "no_valid_token"
+        return tuple(Address(d.token, d.platform, d.device_id, d.platform, d.app_id) for d in valid)
+    if channel == "sms":
+        return _verified(contacts.phone, contacts.phone_verified, nt, "phone_unverified")
+    if channel == "email":
+        return _verified(contacts.email, contacts.email_verified, nt, "email_unverified")
+    return (Address(contacts.user_id),)  # inapp: the inbox is always there
+
+
+def _verified(
+    value: str | None, verified: bool, nt: NotificationType, reason: str
+) -> tuple[Address, ...] | str:
+    if not value:
+        return "no_contact_point"
+    if not verified and not nt.allow_unverified_contact:
+        return reason
+    return (Address(value),)
+
+
+def _send(
+    catalog: Catalog,
+    nt: NotificationType,
+    request: PolicyRequest,
+    prefs: Preferences,
+    channel: str,
+    addresses: tuple[Address, ...],
+    via: str | None,
+    permitted: frozenset[str],
+) -> Send:
+    requested_locale = request.locale or prefs.locale
+    locale = catalog.resolve_locale(nt, channel, requested_locale, request.template_version)
+    steps = _fallback_steps(nt, channel, permitted)
+    provider = nt.providers.get(channel)
+    if provider is not None:
+        addresses = tuple(replace(a, provider=a.provider or provider) for a in addresses)
+    return Send(channel, addresses, locale, provider, steps, request.expires(nt), None, via)
+
+
+def _fallback_steps(
+    nt: NotificationType, channel: str, permitted: frozenset[str]
+) -> tuple[str, ...]:
+    """Remaining dispatch steps after `channel` (provider failover first), transitively."""
+    steps: list[str] = []
+    queue = [channel]
+    while queue:
+        for step in nt.fallback.get(queue.pop(0), ()):
+            target = step.split(":", 1)[0]
+            if (target in permitted or target == channel) and step not in steps:
+                steps.append(step)
+                if target != channel:
+                    queue.append(target)
+    return tuple(s for s in steps if s != channel)
+
+
+def _timing(
+    catalog: Catalog,
+    nt: NotificationType,
+    request: PolicyRequest,
+    prefs: Preferences,
+    send: Send,
+    now: datetime,
+    cap_count: int,
+) -> Decision:
+    """Steps 4-6: hold (scheduled, quiet hours), frequency cap, expiry."""
+    expire_at = send.expire_at
+    hold = _hold(catalog, nt, request, prefs, send.channel, now)
+    if hold is not None:
+        until, reason = hold
+        if expire_at is not None and until >= expire_at:
+            return Suppress(send.channel, "expired")
+        return Hold(send.channel, until, reason, replace(send, not_before=until))
+    if nt.cap is not None and not nt.transactional and cap_count >= nt.cap.daily_limit:
+        return Suppress(send.channel, "frequency_cap")
+    if expire_at is not None and now >= expire_at:
+        return Suppress(send.channel, "expired")
+    return send
+
+
+def _hold(
+    catalog: Catalog,
+    nt: NotificationType,
+    request: PolicyRequest,
+    prefs: Preferences,
+    channel: str,
+    now: datetime,
+) -> tuple[datetime, str] | None:
+    if request.send_at is not None and request.send_at > now:
+        return request.send_at, "scheduled"
+    if nt.bypass_quiet_hours or prefs.quiet_hours is None:
+        return None
+    if channel not in catalog.quiet_hours_channels:
+        return None
+    until = quiet_until(now, prefs.quiet_hours, prefs.timezone or catalog.default_timezone)
+    return (until, "quiet_hours") if until is not None else None

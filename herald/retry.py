@@ -64,16 +64,21 @@ __all__ = [
 
 RECIPIENT_REASONS: frozenset[str] = frozenset(
     {
-        "invalid_number", "invalid_recipient", "invalid_address", "invalid_email",
-        "invalid_token", "bad_device_token", "unregistered", "landline", "unreachable_number",
-        "opted_out", "unsubscribed", "blocked_recipient", "invalid_argument", "invalid_payload",
-        "payload_too_large", "bad_request", "invalid_template", "message_too_long",
+        # generic names
+        "missing_address", "invalid_number", "invalid_recipient", "invalid_address",
+        "invalid_token", "unregistered", "landline", "opted_out", "unsubscribed",
+        "invalid_payload", "payload_too_large", "message_too_long", "http_413",
+        # Twilio error codes (PROVIDERS.md §6): invalid To, not SMS-capable
+        "21211", "21614",
+        # Vonage statuses: missing params, invalid params, invalid message, too long
+        "status_2", "status_3", "status_6", "status_12",
     }
 )  # fmt: skip
 """`Permanent.reason`s about the recipient or the message: another provider would refuse them
 too, so they never fail over. Every other Permanent reason is taken as the provider's own
-explicit rejection (sender blocked, route/country not enabled, content filter) and may fail over:
-an unknown reason costs at most one refused attempt on the alternate, never a duplicate."""
+explicit rejection (Twilio 21408 region disabled, Vonage status_15 invalid sender, a content
+filter, a bare http_400) and may fail over: an unknown reason costs at most one refused attempt
+on the alternate, never a duplicate (the first provider explicitly did not send)."""
 
 
 _SYSTEM_RNG: Rng = random.SystemRandom()

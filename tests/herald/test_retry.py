@@ -65,15 +65,17 @@ def test_token_dead_cleans_that_token_and_fails_permanently() -> None:
     assert action == TokenCleanup("unregistered") and action.state == "FAILED_PERMANENT"
 
 
-def test_permanent_for_the_recipient_never_fails_over() -> None:
-    action = run(Permanent(provider="sms_a", reason="invalid_number", status_code=400))
-    assert action == FailPermanent("invalid_number")
+@pytest.mark.parametrize("reason", ["invalid_number", "21211", "21614", "status_3", "status_12"])
+def test_permanent_for_the_recipient_never_fails_over(reason: str) -> None:
+    action = run(Permanent(provider="sms_a", reason=reason, status_code=400))
+    assert action == FailPermanent(reason)
     assert not action.dead_letter
 
 
-def test_explicit_provider_rejection_fails_over_a_to_b() -> None:
-    action = run(Permanent(provider="sms_a", reason="sender_blocked", status_code=403))
-    assert action == Failover("sms_b", "rejected:sender_blocked")
+@pytest.mark.parametrize("reason", ["21408", "status_15", "sender_blocked"])
+def test_explicit_provider_rejection_fails_over_a_to_b(reason: str) -> None:
+    action = run(Permanent(provider="sms_a", reason=reason, status_code=400))
+    assert action == Failover("sms_b", f"rejected:{reason}")
 
 
 def test_provider_rejection_without_eligible_alternate_fails() -> None:

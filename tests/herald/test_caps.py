@@ -18,8 +18,8 @@ def catalog() -> Catalog:
     return load_catalog()
 
 
-def utc(*args: int) -> datetime:
-    return datetime(*args, tzinfo=UTC)
+def utc(y: int, mo: int, d: int, h: int = 0, mi: int = 0, s: int = 0, us: int = 0) -> datetime:
+    return datetime(y, mo, d, h, mi, s, us, tzinfo=UTC)
 
 
 def test_key_format_and_hash_tag() -> None:

@@ -25,12 +25,12 @@ NY = "America/New_York"
 NIGHT = QuietWindow.parse("22:00", "08:00")
 
 
-def utc(*args: int) -> datetime:
-    return datetime(*args, tzinfo=UTC)
+def utc(y: int, mo: int, d: int, h: int = 0, mi: int = 0, s: int = 0, us: int = 0) -> datetime:
+    return datetime(y, mo, d, h, mi, s, us, tzinfo=UTC)
 
 
-def local(tz: str, *args: int, fold: int = 0) -> datetime:
-    return datetime(*args, tzinfo=get_zone(tz), fold=fold)
+def local(tz: str, y: int, mo: int, d: int, h: int = 0, mi: int = 0, fold: int = 0) -> datetime:
+    return datetime(y, mo, d, h, mi, tzinfo=get_zone(tz), fold=fold)
 
 
 # --- parsing and zones -------------------------------------------------------------------------

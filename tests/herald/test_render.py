@@ -13,6 +13,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from herald.catalog import (
     Catalog,
+    CatalogLookupError,
     InvalidLocale,
     MissingParam,
     NoTemplate,
@@ -114,7 +115,7 @@ def test_autoescape_only_for_email_bodies(catalog: Catalog) -> None:
     ],
 )
 def test_errors_have_machine_codes(
-    catalog: Catalog, call: tuple[Any, ...], exc: type, code: str
+    catalog: Catalog, call: tuple[Any, ...], exc: type[CatalogLookupError], code: str
 ) -> None:
     with pytest.raises(exc) as info:
         render(catalog, *call)

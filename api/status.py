@@ -4,10 +4,11 @@ The plan, dispatch and receipts jobs write one JSON entry per delivery with
 `put_delivery_status` (sync client, what Bytewax sinks use). The API reads them and derives
 layers per delivery; until the first delivery exists a request shows state ACCEPTED.
 
-Layers answer four questions per delivery: did the platform accept it, did the provider accept
-it, was it delivered, was it read/opened. Each is `yes | no | pending | unknown`; `unknown`
-where the channel gives no such signal (APNs/FCM report no delivery; SMS has no read receipt),
-never counted as success or failure.
+Layers answer, per delivery: did the platform accept it, did the provider accept it, was it
+delivered, and (where the channel can tell) was it read / opened / clicked. Each is
+`yes | no | pending | unknown`; `unknown` where the channel gives no such signal (APNs/FCM send
+no delivery receipt), never counted as success or failure. The derivation and the channel
+capability table are herald.states (`layers`, `CAPABILITIES`).
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 from api import keys
+from herald import states
 
 if TYPE_CHECKING:
     import redis
@@ -28,28 +30,16 @@ if TYPE_CHECKING:
 
 Layer = Literal["yes", "no", "pending", "unknown"]
 
-# channel -> (reports delivery, reports read/open); herald.states may refine this later.
-CHANNEL_SIGNALS: dict[str, tuple[bool, bool]] = {
-    "push": (False, False),
-    "sms": (True, False),
-    "email": (True, True),
-    "inapp": (True, True),
-}
-_RANK = {
-    "ACCEPTED": 0, "PLANNED": 1, "SCHEDULED": 1, "QUEUED": 2, "RETRY_SCHEDULED": 2,
-    "SENDING": 3, "PROVIDER_ACCEPTED": 4, "DELIVERED": 5, "DELIVERY_UNKNOWN": 4,
-    "READ": 6, "OPENED": 6, "CLICKED": 6,
-}  # fmt: skip
-_FAILED = {"SUPPRESSED", "EXPIRED", "FAILED_PERMANENT"}
-
 
 class Layers(BaseModel):
-    """Answers per layer: yes | no | pending | unknown."""
+    """Per layer `yes | no | pending | unknown` (herald.states.layers; engagement layers the
+    channel never reports are left out)."""
+
+    model_config = ConfigDict(extra="allow")
 
     accepted: Layer
     provider_accepted: Layer
     delivered: Layer
-    read: Layer
 
 
 class DeliveryStatus(BaseModel):
@@ -80,26 +70,12 @@ class NotificationStatus(BaseModel):
 
 
 def layers_for(state: str, channel: str) -> Layers:
-    """Derive the four layers from a delivery's current state and its channel's signals."""
-    reports_delivery, reports_read = CHANNEL_SIGNALS.get(channel, (False, False))
-    if state in _FAILED:
-        return Layers(accepted="yes", provider_accepted="no", delivered="no", read="no")
-    if state == "UNKNOWN":
-        return Layers(accepted="yes", provider_accepted="unknown", delivered="unknown",
-                      read="unknown")  # fmt: skip
-    rank = _RANK.get(state, 0)
-    provider: Layer = "yes" if rank >= 4 else "pending"
-    if state == "DELIVERY_UNKNOWN" or not reports_delivery:
-        delivered: Layer = "yes" if rank >= 5 else ("unknown" if rank >= 4 else "pending")
-    else:
-        delivered = "yes" if rank >= 5 else "pending"
-    if rank >= 6:
-        read: Layer = "yes"
-    elif not reports_read:
-        read = "unknown"
-    else:
-        read = "pending"
-    return Layers(accepted="yes", provider_accepted=provider, delivered=delivered, read=read)
+    """The layered view of a delivery's current state on its channel."""
+    try:
+        derived = states.layers(channel, states.State(state))
+    except (KeyError, ValueError):  # a channel or state this API version does not know
+        derived = {"provider_accepted": "unknown", "delivered": "unknown"}
+    return Layers(accepted="yes", **derived)
 
 
 def status_entry(

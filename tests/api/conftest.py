@@ -33,7 +33,7 @@ SMS_A_TOKEN = "test-twilio-auth-token"
 SMS_B_SECRET = "test-vonage-signature-secret"
 
 
-def test_tenants() -> Tenants:
+def make_tenants() -> Tenants:
     return Tenants.from_dict(
         {
             "tenants": {
@@ -73,6 +73,7 @@ class RunningApi:
 
     def client(self, key: str | None = FULL_KEY, **kw: Any) -> httpx.Client:
         headers = {"X-API-Key": key} if key else {}
+        headers.update(kw.pop("headers", {}))
         return httpx.Client(base_url=self.url, headers=headers, timeout=10.0, **kw)
 
     def read_topic(
@@ -138,7 +139,7 @@ def api(settings: HeraldSettings) -> Iterator[RunningApi]:
         sms_a_auth_token=SMS_A_TOKEN, sms_b_signature_secret=SMS_B_SECRET,
         email_webhook_public_key=EMAIL_KEYS.public_b64,
     )  # fmt: skip
-    app = create_app(settings, api=make_api_settings(), providers=providers, tenants=test_tenants())
+    app = create_app(settings, api=make_api_settings(), providers=providers, tenants=make_tenants())
     for url in serve(app):
         yield RunningApi(url, settings, app)
 

@@ -91,7 +91,7 @@ def test_status_shows_accepted_then_layers(api: RunningApi) -> None:
         status = http.get(f"/v1/notifications/{nid}").json()
     by_id = {d["delivery_id"]: d for d in status["deliveries"]}
     assert by_id["d-push"]["layers"] == {
-        "accepted": "yes", "provider_accepted": "yes", "delivered": "unknown", "read": "unknown"
+        "accepted": "yes", "provider_accepted": "yes", "delivered": "unknown", "read": "pending"
     }  # fmt: skip
     assert by_id["d-email"]["status_reason"] == "opt_out_category"
     assert by_id["d-email"]["layers"]["delivered"] == "no"

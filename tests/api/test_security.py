@@ -1,0 +1,115 @@
+"""Rate limits, OTP abuse limits and metrics, and 503 (never 202) when Kafka is down."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from api.app import create_app
+from herald.config import HeraldSettings
+from tests.api.conftest import SLOW_KEY, RunningApi, make_api_settings, serve, make_tenants
+
+
+def otp(user: str, **changes: Any) -> dict[str, Any]:
+    base = {
+        "request_id": f"otp-{uuid.uuid4().hex}",
+        "notification_type": "otp_login",
+        "recipients": {"user_ids": [user]},
+        "params": {"code": "123456"},
+    }
+    return {**base, **changes}
+
+
+def with_phone(api: RunningApi, user: str, phone: str) -> None:
+    with api.client() as http:
+        resp = http.put(f"/v1/users/{user}/contact-points", json={"phone": {"e164": phone}})
+        assert resp.status_code == 200, resp.text
+
+
+def test_tenant_rate_limit_is_429_with_retry_after(api: RunningApi) -> None:
+    with api.client(SLOW_KEY) as http:
+        codes = [http.get("/v1/users/u-1/inbox/unread-count") for _ in range(8)]
+    limited = [r for r in codes if r.status_code == 429]
+    assert limited, [r.status_code for r in codes]
+    assert limited[0].json()["code"] == "rate_limited"
+    assert int(limited[0].headers["retry-after"]) >= 1
+
+
+def test_otp_limited_per_phone(api: RunningApi) -> None:
+    user = f"u-{uuid.uuid4().hex[:8]}"
+    with_phone(api, user, f"+4179{uuid.uuid4().int % 10**7:07d}")
+    with api.client() as http:
+        codes = [http.post("/v1/notifications", json=otp(user)).status_code for _ in range(4)]
+        assert codes == [202, 202, 202, 429]  # 3 per phone per window (test settings)
+        resp = http.post("/v1/notifications", json=otp(user))
+    assert resp.json()["code"] == "otp_rate_limited" and resp.json()["dimension"] == "phone"
+    assert int(resp.headers["retry-after"]) > 0
+    # the code itself never appears in an error or in the problem
+    assert "123456" not in resp.text
+
+
+@pytest.mark.parametrize(("header", "limit"), [("X-End-User-IP", 5), ("X-End-User-Device", 4)])
+def test_otp_limited_per_ip_and_device(api: RunningApi, header: str, limit: int) -> None:
+    value = f"v-{uuid.uuid4().hex}"
+    with api.client(headers={header: value}) as http:
+        codes = [
+            http.post("/v1/notifications", json=otp(f"u-{uuid.uuid4().hex[:8]}")).status_code
+            for _ in range(limit + 1)
+        ]
+    assert codes == [202] * limit + [429]
+
+
+def test_otp_to_a_disallowed_prefix_is_refused(api: RunningApi) -> None:
+    from api import keys
+
+    user = f"u-{uuid.uuid4().hex[:8]}"
+    # stored before the allow-list existed (written directly to the copy)
+    import orjson
+    import redis
+
+    client = redis.Redis.from_url(api.settings.redis.url)
+    record = {"user_id": user, "devices": [], "phone": {"e164": "+88212345678", "verified": True},
+              "email": None, "updated_at": 0, "version": 1}  # fmt: skip
+    client.set(keys.contact_points(user), orjson.dumps(record))
+    with api.client() as http:
+        resp = http.post("/v1/notifications", json=otp(user))
+    assert resp.status_code == 422 and resp.json()["code"] == "sms_prefix_not_allowed"
+
+
+def test_otp_sent_and_verified_metrics(api: RunningApi) -> None:
+    with api.client() as http:
+        sent = [http.post("/v1/notifications", json=otp(f"u-{uuid.uuid4().hex[:8]}")) for _ in "ab"]
+        nid = sent[0].json()["notification_id"]
+        assert http.post(f"/v1/otp/{nid}/verified").status_code == 204
+        assert http.post(f"/v1/otp/{nid}/verified").status_code == 204  # counted once
+        assert http.post(f"/v1/otp/{uuid.uuid4()}/verified").status_code == 404
+        metrics = http.get("/metrics").text
+    assert 'herald_otp_sent_total{notification_type="otp_login"} 2.0' in metrics
+    assert 'herald_otp_verified_total{notification_type="otp_login"} 1.0' in metrics
+    assert 'herald_otp_unverified_ratio{notification_type="otp_login"}' in metrics
+
+
+@pytest.fixture
+def api_without_kafka(settings: HeraldSettings) -> Iterator[RunningApi]:
+    dead = settings.kafka.model_copy(update={"bootstrap_servers": "127.0.0.1:9"})
+    broken = settings.model_copy(update={"kafka": dead})
+    app = create_app(broken, api=make_api_settings(ack_timeout_seconds=1.0), tenants=make_tenants())
+    for url in serve(app):
+        yield RunningApi(url, broken, app)
+
+
+def test_kafka_down_is_503_never_202(api_without_kafka: RunningApi, api: RunningApi) -> None:
+    req = otp("u-x", notification_type="order_shipped", params={"order_id": "1"})
+    with api_without_kafka.client() as http:
+        resp = http.post("/v1/notifications", json=req)
+        assert resp.status_code == 503 and resp.json()["code"] == "kafka_unavailable"
+        assert resp.headers["retry-after"] == "1"
+        prefs = http.put("/v1/users/u-x/preferences", json={"locale": "en"})
+        assert prefs.status_code == 503
+    # the failed attempt released its idempotency claim: another body is no conflict
+    with api.client() as http:
+        again = http.post("/v1/notifications", json={**req, "params": {"order_id": "2"}})
+    assert again.status_code == 202

@@ -321,9 +321,14 @@ class CircuitBreaker:
         return loc
 
     def _call(
-        self, provider: str, loc: _Local, op: str, a: int | None = None, b: int = 0,
+        self,
+        provider: str,
+        loc: _Local,
+        op: str,
+        a: int | None = None,
+        b: int = 0,
         reason: str = "",
-    ) -> list[Any]:  # fmt: skip
+    ) -> list[Any]:
         if a is None:
             a, b = loc.pending_ok, loc.pending_err
         reply: list[Any] = self._run(provider, op, a, b, reason)
@@ -344,9 +349,14 @@ class CircuitBreaker:
         return reply
 
     def _run(
-        self, provider: str, op: str, a: int = 0, b: int = 0, reason: str = "",
+        self,
+        provider: str,
+        op: str,
+        a: int = 0,
+        b: int = 0,
+        reason: str = "",
         client: redis.Redis | None = None,
-    ) -> list[Any]:  # fmt: skip
+    ) -> list[Any]:
         cfg = self.config(provider)
         key = f"{self._prefix}breaker:{{{provider}}}"
         args: list[str | int | float] = [

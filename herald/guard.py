@@ -93,8 +93,9 @@ class SendGuard:
     """Two-phase (transactional) and single (normal, bulk) send guards over one Redis client.
 
     `client` may be a `redis.Redis` or `redis.RedisCluster`; every operation touches one key.
-    `pending_ttl_s` must exceed the provider call's timeout (plus a margin): a PENDING that
-    lapses mid-call lets a second worker send too.
+    `pending_ttl_s` must exceed the provider call's timeout (plus a margin, and both calls when
+    the sink fails over A→B while holding the guard): a PENDING that lapses mid-call lets a
+    second worker send too.
     """
 
     def __init__(
@@ -140,8 +141,8 @@ class SendGuard:
     def mark_sent(self, guard: Proceed, provider_msg_id: str = "") -> None:
         """The provider accepted: SENT with the long TTL (transactional; no-op for bulk)."""
         if guard.two_phase:
-            self._client.set(self._key(guard.delivery_id), f"SENT:{provider_msg_id}",
-                             px=self._sent_ms)  # fmt: skip
+            key = self._key(guard.delivery_id)
+            self._client.set(key, f"SENT:{provider_msg_id}", px=self._sent_ms)
 
     def mark_sent_many(self, sent: Sequence[tuple[Proceed, str]]) -> None:
         """`mark_sent` for a batch in one pipelined round trip."""
@@ -156,8 +157,8 @@ class SendGuard:
 
         Never call it after an `Unknown` outcome. Returns False when the key is no longer ours.
         """
-        return bool(self._swap(keys=[self._key(guard.delivery_id)],
-                               args=[_owned_value(guard), "", 0]))  # fmt: skip
+        key = self._key(guard.delivery_id)
+        return bool(self._swap(keys=[key], args=[_owned_value(guard), "", 0]))
 
     def mark_unknown(self, guard: Proceed) -> bool:
         """The outcome is unknown: keep redeliveries away (long TTL) while it is reconciled."""

@@ -249,9 +249,13 @@ class RateShaper:
         values = [r.decode() if isinstance(r, bytes) else str(r) for r in reply]
         flows = {values[i]: float(values[i + 1]) for i in range(4, len(values), 2)}
         return ShaperSnapshot(
-            provider, float(values[0]), float(values[1]), float(values[2]), flows,
+            provider,
+            float(values[0]),
+            float(values[1]),
+            float(values[2]),
+            flows,
             float(values[3]),
-        )  # fmt: skip
+        )
 
     def _run(self, provider: str, mode: str, cls: str, tenant: str, n: int) -> list[Any]:
         cfg = self.rate(provider)

@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 
 import jwt
 import orjson
+from cryptography.hazmat.primitives.asymmetric.ec import EllipticCurvePublicKey
 from cryptography.hazmat.primitives.serialization import load_pem_public_key
 from pydantic import BaseModel, Field
 
@@ -106,7 +107,14 @@ class ApnsConfig(SimConfig):
     topics: list[str] = Field(default_factory=list, description="allowed topics; empty = any")
     token_ttl_s: float = 3600.0
     token_update_min_interval_s: float = 1200.0
-    max_concurrent_streams: int = Field(1000, ge=10)
+    max_concurrent_streams: int = Field(default=1000, ge=10)
+
+
+def _ec_key(pem: str) -> EllipticCurvePublicKey:
+    key = load_pem_public_key(pem.encode())
+    if not isinstance(key, EllipticCurvePublicKey):
+        raise ValueError("APNs keys are P-256 (ES256) keys")
+    return key
 
 
 def _error(reason: str, retry_after: float | None = None) -> Response:
@@ -152,10 +160,7 @@ class ApnsSimulator(Simulator):
 
     def on_config(self, config: SimConfig) -> None:
         assert isinstance(config, ApnsConfig)
-        self._keys = {
-            kid: (k.team_id, load_pem_public_key(k.public_key_pem.encode()))
-            for kid, k in config.keys.items()
-        }
+        self._keys = {kid: (k.team_id, _ec_key(k.public_key_pem)) for kid, k in config.keys.items()}
         self._topics = frozenset(config.topics)
         self._tokens.clear()
 
@@ -252,6 +257,7 @@ class ApnsSimulator(Simulator):
 
     async def handle(self, req: Request) -> Response | _Hang:
         stats, faults = self.stats, self.faults
+        reason: str | None
         if not req.path.startswith(_PATH):
             reason = "BadPath"
         elif req.method != "POST":

@@ -32,12 +32,12 @@ class LatencyConfig(_Model):
     """A latency distribution in milliseconds."""
 
     kind: Literal["fixed", "uniform", "lognormal"] = "fixed"
-    ms: float = Field(0.0, ge=0, description="fixed: the latency")
-    min_ms: float = Field(0.0, ge=0, description="uniform: lower bound")
-    max_ms: float = Field(0.0, ge=0, description="uniform: upper bound")
-    median_ms: float = Field(0.0, ge=0, description="lognormal: median")
-    sigma: float = Field(0.5, ge=0, description="lognormal: sigma of the underlying normal")
-    cap_ms: float = Field(60_000.0, gt=0, description="upper clamp for any sample")
+    ms: float = Field(default=0.0, ge=0, description="fixed: the latency")
+    min_ms: float = Field(default=0.0, ge=0, description="uniform: lower bound")
+    max_ms: float = Field(default=0.0, ge=0, description="uniform: upper bound")
+    median_ms: float = Field(default=0.0, ge=0, description="lognormal: median")
+    sigma: float = Field(default=0.5, ge=0, description="lognormal: sigma of the underlying normal")
+    cap_ms: float = Field(default=60_000.0, gt=0, description="upper clamp for any sample")
 
 
 def sample_ms(latency: LatencyConfig, rng: random.Random) -> float:
@@ -60,18 +60,22 @@ class ReceiptConfig(_Model):
 
     enabled: bool = True
     delay: LatencyConfig = Field(default_factory=lambda: LatencyConfig(ms=50.0))
-    step_ms: float = Field(30.0, ge=0, description="gap between successive statuses")
-    duplicate: float = Field(0.0, ge=0, le=1, description="probability to send a status twice")
+    step_ms: float = Field(default=30.0, ge=0, description="gap between successive statuses")
+    duplicate: float = Field(
+        default=0.0, ge=0, le=1, description="probability to send a status twice"
+    )
     out_of_order: float = Field(
-        0.0, ge=0, le=1, description="probability that one message's statuses come reversed"
+        default=0.0, ge=0, le=1, description="probability that one message's statuses come reversed"
     )
     outcomes: dict[str, float] = Field(
         default_factory=lambda: {"delivered": 1.0},
         description="final outcome mix; names are per simulator (e.g. 'undelivered:30003')",
     )
-    batch_ms: float = Field(100.0, gt=0, description="email: event webhook flush interval")
-    batch_max: int = Field(100, ge=1, description="email: max events per webhook POST")
-    retries: int = Field(2, ge=0, description="re-POSTs of a callback answered non-2xx/failed")
+    batch_ms: float = Field(default=100.0, gt=0, description="email: event webhook flush interval")
+    batch_max: int = Field(default=100, ge=1, description="email: max events per webhook POST")
+    retries: int = Field(
+        default=2, ge=0, description="re-POSTs of a callback answered non-2xx/failed"
+    )
 
     @model_validator(mode="after")
     def _check_outcomes(self) -> ReceiptConfig:
@@ -84,16 +88,18 @@ class SimConfig(_Model):
     """Fault injection common to all simulators; subclasses add provider credentials."""
 
     seed: int | None = None
-    latency: LatencyConfig = Field(default_factory=LatencyConfig)
+    latency: LatencyConfig = Field(default_factory=lambda: LatencyConfig())
     errors: dict[str, float] = Field(default_factory=dict)
-    rate_limit: float | None = Field(None, gt=0, description="requests/s before 429")
-    rate_burst: float | None = Field(None, gt=0)
-    retry_after_s: float = Field(1.0, ge=0, description="Retry-After for injected 429/503")
-    timeout_after_accept: float = Field(0.0, ge=0, le=1)
+    rate_limit: float | None = Field(default=None, gt=0, description="requests/s before 429")
+    rate_burst: float | None = Field(default=None, gt=0)
+    retry_after_s: float = Field(default=1.0, ge=0, description="Retry-After for injected 429/503")
+    timeout_after_accept: float = Field(default=0.0, ge=0, le=1)
     invalid: list[str] = Field(default_factory=list)
     unregistered: list[str] = Field(default_factory=list)
-    record_ids: bool = Field(True, description="keep accepted ids per address (admin stats)")
-    receipts: ReceiptConfig = Field(default_factory=ReceiptConfig)
+    record_ids: bool = Field(
+        default=True, description="keep accepted ids per address (admin stats)"
+    )
+    receipts: ReceiptConfig = Field(default_factory=lambda: ReceiptConfig())
 
     @model_validator(mode="after")
     def _check_errors(self) -> SimConfig:

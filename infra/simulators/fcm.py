@@ -19,6 +19,7 @@ from typing import Any
 
 import jwt
 import orjson
+from cryptography.hazmat.primitives.asymmetric.rsa import RSAPublicKey
 from cryptography.hazmat.primitives.serialization import load_pem_public_key
 from pydantic import BaseModel, Field
 
@@ -65,7 +66,14 @@ class FcmConfig(SimConfig):
     service_accounts: dict[str, ServiceAccount] = Field(
         default_factory=dict, description="client_email → account"
     )
-    access_token_ttl_s: int = Field(3600, ge=1)
+    access_token_ttl_s: int = Field(default=3600, ge=1)
+
+
+def _rsa_key(pem: str) -> RSAPublicKey:
+    key = load_pem_public_key(pem.encode())
+    if not isinstance(key, RSAPublicKey):
+        raise ValueError("service-account keys are RSA keys")
+    return key
 
 
 def _rpc_error(
@@ -123,7 +131,7 @@ class FcmSimulator(Simulator):
     def on_config(self, config: SimConfig) -> None:
         assert isinstance(config, FcmConfig)
         self._keys = {
-            email: (load_pem_public_key(sa.public_key_pem.encode()), sa.project_id)
+            email: (_rsa_key(sa.public_key_pem), sa.project_id)
             for email, sa in config.service_accounts.items()
         }
 

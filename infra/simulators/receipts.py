@@ -91,7 +91,7 @@ class CallbackPoster:
     def __init__(self, stats: Stats) -> None:
         self.stats = stats
         self._client: httpx.AsyncClient | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Task[bool]] = set()
 
     async def start(self) -> None:
         """Create the HTTP client (call inside the serving loop)."""

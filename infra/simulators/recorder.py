@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
+from typing import Any
 from urllib.parse import parse_qsl
 
 import orjson
@@ -36,7 +37,7 @@ class RecordedRequest:
         """The body as form params."""
         return dict(parse_qsl(self.body.decode(), keep_blank_values=True))
 
-    def json(self) -> object:
+    def json(self) -> Any:
         """The body as JSON."""
         return orjson.loads(self.body)
 

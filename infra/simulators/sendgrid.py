@@ -50,7 +50,7 @@ class SendGridConfig(SimConfig):
     """SendGrid simulator config (API key and webhook signing key generated when empty)."""
 
     api_key: str = ""
-    webhook_private_key_pem: str = Field("", description="P-256 PKCS#8 PEM")
+    webhook_private_key_pem: str = Field(default="", description="P-256 PKCS#8 PEM")
 
 
 def _errors(status: int, message: str, field: str | None = None) -> Response:

@@ -56,7 +56,7 @@ class TwilioConfig(SimConfig):
 
     account_sid: str = ""
     auth_token: str = ""
-    keep_messages: int = Field(100_000, ge=0, description="messages kept for GET lookups")
+    keep_messages: int = Field(default=100_000, ge=0, description="messages kept for GET lookups")
 
 
 def _error(code: str, retry_after: float | None = None) -> Response:

@@ -55,7 +55,8 @@ class VonageConfig(SimConfig):
     signature_method: Literal["md5hash", "md5", "sha1", "sha256", "sha512"] = "sha256"
     dlr_format: Literal["form", "json"] = "form"
     throttle_style: Literal["status", "http429"] = Field(
-        "status", description="rate limit as status 1 (documented) or HTTP 429 + Retry-After"
+        default="status",
+        description="rate limit as status 1 (documented) or HTTP 429 + Retry-After",
     )
     network: str = "23410"
 

@@ -32,12 +32,14 @@ class HttpConfig(BaseSettings):
     """Connection settings shared by every provider client."""
 
     base_url: str
-    ca_path: Path | None = Field(None, description="extra CA bundle to trust (simulators)")
-    connect_timeout_s: float = Field(5.0, gt=0)
-    timeout_s: float = Field(10.0, gt=0, description="read/write timeout of one request")
-    pool_timeout_s: float = Field(5.0, gt=0, description="wait for a free connection/stream")
-    max_connections: int = Field(16, ge=1)
-    max_concurrency: int = Field(256, ge=1, description="in-flight requests per client")
+    ca_path: Path | None = Field(default=None, description="extra CA bundle to trust (simulators)")
+    connect_timeout_s: float = Field(default=5.0, gt=0)
+    timeout_s: float = Field(default=10.0, gt=0, description="read/write timeout of one request")
+    pool_timeout_s: float = Field(
+        default=5.0, gt=0, description="wait for a free connection/stream"
+    )
+    max_connections: int = Field(default=16, ge=1)
+    max_concurrency: int = Field(default=256, ge=1, description="in-flight requests per client")
 
 
 class ApnsConfig(HttpConfig):
@@ -48,14 +50,16 @@ class ApnsConfig(HttpConfig):
     base_url: str = "https://api.push.apple.com"
     team_id: str = ""
     key_id: str = ""
-    auth_key: SecretStr | None = Field(None, description="the .p8 key (PEM text)")
-    auth_key_path: Path | None = Field(None, description="or the path of the .p8 key")
-    topic: str = Field("", description="bundle id (apns-topic)")
-    max_connections: int = Field(1, ge=1)
-    max_concurrency: int = Field(1000, ge=1)
-    token_refresh_s: float = Field(2400.0, gt=0, description="mint a new JWT after this age")
+    auth_key: SecretStr | None = Field(default=None, description="the .p8 key (PEM text)")
+    auth_key_path: Path | None = Field(default=None, description="or the path of the .p8 key")
+    topic: str = Field(default="", description="bundle id (apns-topic)")
+    max_connections: int = Field(default=1, ge=1)
+    max_concurrency: int = Field(default=1000, ge=1)
+    token_refresh_s: float = Field(
+        default=2400.0, gt=0, description="mint a new JWT after this age"
+    )
     token_min_interval_s: float = Field(
-        1200.0, ge=0, description="never mint twice within this interval (APNs: 20 min)"
+        default=1200.0, ge=0, description="never mint twice within this interval (APNs: 20 min)"
     )
 
     @model_validator(mode="after")
@@ -79,10 +83,10 @@ class FcmConfig(HttpConfig):
     model_config = SettingsConfigDict(env_prefix="HERALD_FCM_")
 
     base_url: str = "https://fcm.googleapis.com"
-    project_id: str = Field("", description="default: the service account's project")
+    project_id: str = Field(default="", description="default: the service account's project")
     service_account_file: Path | None = None
     service_account_json: SecretStr | None = None
-    token_uri: str | None = Field(None, description="override the account's token_uri")
+    token_uri: str | None = Field(default=None, description="override the account's token_uri")
     scopes: list[str] = Field(
         default_factory=lambda: ["https://www.googleapis.com/auth/firebase.messaging"]
     )
@@ -99,7 +103,7 @@ class TwilioConfig(HttpConfig):
     auth_token: SecretStr = SecretStr("")
     from_number: str | None = None
     messaging_service_sid: str | None = None
-    status_callback_url: str | None = Field(None, description="Herald /v1/callbacks/sms_a")
+    status_callback_url: str | None = Field(default=None, description="Herald /v1/callbacks/sms_a")
 
 
 class VonageConfig(HttpConfig):
@@ -110,9 +114,11 @@ class VonageConfig(HttpConfig):
     base_url: str = "https://rest.nexmo.com"
     api_key: str = ""
     api_secret: SecretStr = SecretStr("")
-    sender: str = Field("Herald", description="`from`: alphanumeric sender id or number")
-    callback_url: str | None = Field(None, description="DLR webhook: Herald /v1/callbacks/sms_b")
-    signature_secret: SecretStr | None = Field(None, description="verifies signed DLRs")
+    sender: str = Field(default="Herald", description="`from`: alphanumeric sender id or number")
+    callback_url: str | None = Field(
+        default=None, description="DLR webhook: Herald /v1/callbacks/sms_b"
+    )
+    signature_secret: SecretStr | None = Field(default=None, description="verifies signed DLRs")
 
 
 class SendGridConfig(HttpConfig):
@@ -124,4 +130,4 @@ class SendGridConfig(HttpConfig):
     api_key: SecretStr = SecretStr("")
     from_email: str = "notifications@example.com"
     from_name: str | None = None
-    webhook_public_key: str | None = Field(None, description="verifies Event Webhook posts")
+    webhook_public_key: str | None = Field(default=None, description="verifies Event Webhook posts")

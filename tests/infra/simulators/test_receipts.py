@@ -147,7 +147,7 @@ def mail(sim: RunningSimulator, to: str, delivery_id: str) -> httpx.Response:
 def events(recorder: CallbackRecorder, n: int) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for _ in range(50):
-        out = [e for r in recorder.requests for e in r.json()]  # type: ignore[union-attr]
+        out = [e for r in recorder.requests for e in r.json()]
         if len(out) >= n:
             break
         recorder.wait_for(len(recorder.requests) + 1, timeout=2)

@@ -10,7 +10,7 @@ import pytest
 
 from api.app import create_app
 from herald.config import HeraldSettings
-from tests.api.conftest import SLOW_KEY, RunningApi, make_api_settings, serve, make_tenants
+from tests.api.conftest import SLOW_KEY, RunningApi, make_api_settings, make_tenants, serve
 
 
 def otp(user: str, **changes: Any) -> dict[str, Any]:

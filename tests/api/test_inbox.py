@@ -1,0 +1,104 @@
+"""Inbox: items in Redis (bounded, idempotent), paging, read marks, WebSocket pushes."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+import redis
+from websockets.sync.client import connect
+
+from api.inbox import add_inbox_item, inbox_item
+from tests.api.conftest import FULL_KEY, READ_KEY, RunningApi
+
+
+def client(api: RunningApi) -> redis.Redis:
+    return redis.Redis.from_url(api.settings.redis.url)
+
+
+def fill(api: RunningApi, user: str, n: int, max_items: int = 500) -> list[str]:
+    r = client(api)
+    ids = []
+    for i in range(n):
+        item_id = f"d-{i:03d}"
+        # two items per millisecond: paging must handle equal scores
+        add_inbox_item(r, user, inbox_item(item_id, f"t{i}", f"b{i}", 1_000 + i // 2), max_items)
+        ids.append(item_id)
+    return ids
+
+
+def test_redis_runs_with_aof(api: RunningApi) -> None:
+    """In-app messages must survive a Redis restart: the embedded Redis uses AOF."""
+    config = client(api).config_get("append*")
+    assert config["appendonly"] == "yes" and config["appendfsync"] == "everysec"
+
+
+def test_add_is_idempotent_and_bounded(api: RunningApi) -> None:
+    user = f"u-{uuid.uuid4().hex[:8]}"
+    r = client(api)
+    assert add_inbox_item(r, user, inbox_item("a", "t", "b", 1), max_items=3) == 1
+    assert add_inbox_item(r, user, inbox_item("a", "t", "b", 1), max_items=3) == -1
+    for i in range(5):
+        add_inbox_item(r, user, inbox_item(f"x{i}", "t", "b", 10 + i), max_items=3)
+    with api.client() as http:
+        page = http.get(f"/v1/users/{user}/inbox").json()
+    assert [i["item_id"] for i in page["items"]] == ["x4", "x3", "x2"] and page["unread"] == 3
+
+
+def test_paging_newest_first(api: RunningApi) -> None:
+    user = f"u-{uuid.uuid4().hex[:8]}"
+    ids = fill(api, user, 25)
+    seen: list[str] = []
+    cursor = None
+    with api.client() as http:
+        while True:
+            params = {"limit": 7, **({"cursor": cursor} if cursor else {})}
+            page = http.get(f"/v1/users/{user}/inbox", params=params).json()
+            seen += [i["item_id"] for i in page["items"]]
+            cursor = page["next_cursor"]
+            if not cursor:
+                break
+        bad = http.get(f"/v1/users/{user}/inbox", params={"cursor": "garbage"})
+    assert seen == sorted(ids, reverse=True)
+    assert bad.status_code == 400 and bad.json()["code"] == "invalid_cursor"
+
+
+def test_mark_read_and_unread_count(api: RunningApi) -> None:
+    user = f"u-{uuid.uuid4().hex[:8]}"
+    fill(api, user, 4)
+    with api.client() as http:
+        assert http.get(f"/v1/users/{user}/inbox/unread-count").json() == {"unread": 4}
+        assert http.post(f"/v1/users/{user}/inbox/d-001/read").json() == {"unread": 3}
+        assert http.post(f"/v1/users/{user}/inbox/d-001/read").json() == {"unread": 3}
+        assert http.post(f"/v1/users/{user}/inbox/nope/read").status_code == 404
+        items = http.get(f"/v1/users/{user}/inbox").json()["items"]
+        assert {i["item_id"]: i["read"] for i in items}["d-001"] is True
+        assert http.post(f"/v1/users/{user}/inbox/read-all").json() == {"unread": 0}
+        assert http.get(f"/v1/users/{user}/inbox/unread-count").json() == {"unread": 0}
+
+
+def test_websocket_pushes_items_and_counts(api: RunningApi) -> None:
+    user = f"u-{uuid.uuid4().hex[:8]}"
+    ws_url = api.url.replace("http://", "ws://") + f"/v1/users/{user}/inbox/ws"
+    with connect(ws_url, additional_headers={"X-API-Key": FULL_KEY}, open_timeout=5) as ws:
+        assert json.loads(ws.recv(timeout=5)) == {"type": "unread", "unread": 0}
+        time.sleep(0.2)
+        add_inbox_item(client(api), user, inbox_item("d-1", "Hi", "there", 5))
+        pushed = json.loads(ws.recv(timeout=5))
+        assert pushed["type"] == "item" and pushed["unread"] == 1
+        assert pushed["item"]["item_id"] == "d-1" and pushed["item"]["title"] == "Hi"
+        with api.client() as http:
+            http.post(f"/v1/users/{user}/inbox/d-1/read")
+        assert json.loads(ws.recv(timeout=5)) == {"type": "unread", "unread": 0}
+
+
+def test_websocket_needs_a_key_with_inbox_scope(api: RunningApi) -> None:
+    ws_url = api.url.replace("http://", "ws://") + "/v1/users/u-1/inbox/ws"
+    for headers in ({}, {"X-API-Key": READ_KEY}):
+        try:
+            with connect(ws_url, additional_headers=headers, open_timeout=5) as ws:
+                ws.recv(timeout=2)
+            raise AssertionError("connection was accepted")
+        except Exception as exc:  # rejected handshake or immediate close
+            assert "accepted" not in str(exc)

@@ -1,0 +1,56 @@
+"""Open pixel and signed click redirect: events emitted, tampering refused, no open redirect."""
+
+from __future__ import annotations
+
+from api.tracking import click_url, open_pixel_url
+from tests.api.conftest import RunningApi
+
+DELIVERY = {"delivery_id": "d-1", "notification_id": "n-1", "user_id": "u-1",
+            "tenant_id": "acme", "notification_type": "order_shipped",
+            "traffic_class": "normal"}  # fmt: skip
+
+
+def secret(api: RunningApi) -> bytes:
+    return api.app.state.herald.api.tracking_secret.get_secret_value().encode()
+
+
+def test_open_pixel_emits_opened(api: RunningApi) -> None:
+    url = open_pixel_url(api.url, secret(api), DELIVERY)
+    with api.client(key=None) as http:
+        resp = http.get(url.removeprefix(api.url))
+        again = http.get(url.removeprefix(api.url))
+    assert resp.status_code == again.status_code == 200
+    assert resp.headers["content-type"] == "image/gif" and resp.content.startswith(b"GIF89a")
+    events = api.read_topic("herald.delivery-events", 2)
+    assert {e["state"] for _, e in events} == {"OPENED"}
+    assert events[0][1]["event_id"] == events[1][1]["event_id"]  # repeated opens collapse
+    assert events[0][0] == "d-1" and events[0][1]["channel"] == "email"
+
+
+def test_click_redirects_to_the_signed_url_only(api: RunningApi) -> None:
+    target = "https://shop.example/orders/42?utm=mail"
+    url = click_url(api.url, secret(api), DELIVERY, target)
+    path = url.removeprefix(api.url)
+    body, mac = path.removeprefix("/t/c/").split(".")
+    with api.client(key=None, follow_redirects=False) as http:
+        resp = http.get(path)
+        tampered = http.get(f"/t/c/{body[:-2]}xx.{mac}")
+        swapped = http.get(f"/t/c/{body}.{mac[:-3]}AAA")
+        as_pixel = http.get(f"/t/o/{body}.{mac}.gif")  # a click token is no open token
+        garbage = http.get("/t/c/not-a-token")
+    assert resp.status_code == 302 and resp.headers["location"] == target
+    for bad in (tampered, swapped, as_pixel, garbage):
+        assert bad.status_code == 400 and bad.json()["code"] == "invalid_tracking_token"
+        assert "location" not in bad.headers
+    [(_, event)] = api.read_topic("herald.delivery-events", 1)
+    assert event["state"] == "CLICKED" and event["attributes"]["link_host"] == "shop.example"
+
+
+def test_unsafe_targets_cannot_be_signed(api: RunningApi) -> None:
+    import pytest
+
+    from api.tracking import BadToken
+
+    for target in ("javascript:alert(1)", "//evil.example", "/relative"):
+        with pytest.raises(BadToken):
+            click_url(api.url, secret(api), DELIVERY, target)

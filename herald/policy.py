@@ -243,9 +243,10 @@ def decide(
     user_reason = _user_opt_out(nt, prefs)
     if user_reason is not None:
         return [*out, *(Suppress(c, user_reason) for c in primaries)]
+    hold = _Holds(catalog, nt, request, prefs, now_utc)
     for channel, addresses, via in _choose(nt, primaries, permitted, prefs, contacts, out):
         send = _send(catalog, nt, request, prefs, channel, addresses, via, permitted)
-        out.append(_timing(catalog, nt, request, prefs, send, now_utc, cap_count))
+        out.append(_timing(nt, hold, send, now_utc, cap_count))
     return out
 
 
@@ -348,7 +349,11 @@ def _send(
 ) -> Send:
     requested_locale = request.locale or prefs.locale
     locale = catalog.resolve_locale(nt, channel, requested_locale, request.template_version)
-    steps = _fallback_steps(nt, channel, permitted)
+    key = ("policy.fallback", nt.name, channel, permitted)
+    steps = catalog.memo.get(key)
+    if steps is None:
+        steps = _fallback_steps(nt, channel, permitted)
+        catalog.remember(key, steps)
     provider = nt.providers.get(channel)
     if provider is not None:
         addresses = tuple(replace(a, provider=a.provider or provider) for a in addresses)
@@ -371,43 +376,50 @@ def _fallback_steps(
     return tuple(s for s in steps if s != channel)
 
 
-def _timing(
-    catalog: Catalog,
-    nt: NotificationType,
-    request: PolicyRequest,
-    prefs: Preferences,
-    send: Send,
-    now: datetime,
-    cap_count: int,
-) -> Decision:
+def _timing(nt: NotificationType, holds: _Holds, send: Send, now: datetime, cap: int) -> Decision:
     """Steps 4-6: hold (scheduled, quiet hours), frequency cap, expiry."""
     expire_at = send.expire_at
-    hold = _hold(catalog, nt, request, prefs, send.channel, now)
+    hold = holds.for_channel(send.channel)
     if hold is not None:
         until, reason = hold
         if expire_at is not None and until >= expire_at:
             return Suppress(send.channel, "expired")
         return Hold(send.channel, until, reason, replace(send, not_before=until))
-    if nt.cap is not None and not nt.transactional and cap_count >= nt.cap.daily_limit:
+    if nt.cap is not None and not nt.transactional and cap >= nt.cap.daily_limit:
         return Suppress(send.channel, "frequency_cap")
     if expire_at is not None and now >= expire_at:
         return Suppress(send.channel, "expired")
     return send
 
 
-def _hold(
-    catalog: Catalog,
-    nt: NotificationType,
-    request: PolicyRequest,
-    prefs: Preferences,
-    channel: str,
-    now: datetime,
-) -> tuple[datetime, str] | None:
-    if request.send_at is not None and request.send_at > now:
-        return request.send_at, "scheduled"
-    if nt.bypass_quiet_hours or prefs.quiet_hours is None:
-        return None
-    if channel not in catalog.quiet_hours_channels:
-        return None
-    until = quiet_until(now, prefs.quiet_hours, prefs.timezone or catalog.default_timezone)
-    return (until, "quiet_hours") if until is not None else None
+class _Holds:
+    """Why and until when a user's sends wait (computed at most once per decide call)."""
+
+    __slots__ = ("_catalog", "_nt", "_prefs", "_now", "_scheduled", "_quiet", "_quiet_done")
+
+    def __init__(
+        self,
+        catalog: Catalog,
+        nt: NotificationType,
+        request: PolicyRequest,
+        prefs: Preferences,
+        now: datetime,
+    ) -> None:
+        self._catalog, self._nt, self._prefs, self._now = catalog, nt, prefs, now
+        send_at = request.send_at
+        self._scheduled = send_at if send_at is not None and send_at > now else None
+        self._quiet: datetime | None = None
+        self._quiet_done = nt.bypass_quiet_hours or prefs.quiet_hours is None
+
+    def for_channel(self, channel: str) -> tuple[datetime, str] | None:
+        if self._scheduled is not None:
+            return self._scheduled, "scheduled"
+        if self._quiet_done and self._quiet is None:
+            return None
+        if channel not in self._catalog.quiet_hours_channels:
+            return None
+        if not self._quiet_done:
+            tz = self._prefs.timezone or self._catalog.default_timezone
+            self._quiet = quiet_until(self._now, self._prefs.quiet_hours, tz)
+            self._quiet_done = True
+        return (self._quiet, "quiet_hours") if self._quiet is not None else None

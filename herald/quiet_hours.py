@@ -160,6 +160,7 @@ def resolve_local(day: date, wall: time, tz: str | ZoneInfo) -> datetime:
     return _resolve(day, wall, get_zone(tz))
 
 
+@lru_cache(maxsize=65536)
 def _window_bounds(day: date, window: QuietWindow, zone: ZoneInfo) -> tuple[datetime, datetime]:
     end_day = day + _ONE_DAY if window.wraps else day
     return _resolve(day, window.start, zone), _resolve(end_day, window.end, zone)

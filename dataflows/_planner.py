@@ -1,0 +1,198 @@
+"""The plan job's batch steps: admission, the policy with caps and rendering, and encoding.
+
+    Admission(...)(decoded)   requests -> PlanRequest | dead letter | None (a duplicate)
+    Planner(...)(batch)       (shard, Planned) items -> Output | dead letter, one Redis trip a batch
+    Encoder(...)(batch)       Output -> KafkaRecord | dead letter
+
+They are callables over whole batches (`flat_map_batch`), so the per-item cost of the dataflow is
+paid once per batch for Redis round trips and clock reads. Redis clients are created on first use
+in the worker process that runs the step.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from dataflows._redis import CapCharge, CapCounter, RequestGate, redis_client
+from dataflows._settings import Clock
+from herald.catalog import Catalog, CatalogLookupError
+from herald.config import HeraldSettings
+from herald.errors import HeraldError, SerdeError
+from herald.plan_records import (
+    Output,
+    Rejected,
+    Renderer,
+    cap_charge,
+    plan_user,
+    refuse_capped,
+    user_records,
+)
+from herald.planning import InvalidRequest, Planned, PlanRequest, admit_request
+from herald.policy import Decision
+from infra.topics import load_topics, physical_subject
+from schemas.registry import SchemaRegistry
+from schemas.serde import AvroSerializer
+from sinks.kafka import KafkaRecord, dead_letter
+from sources.kafka import KafkaMessage
+
+__all__ = ["Admission", "Encoder", "Planner"]
+
+log = logging.getLogger(__name__)
+
+JOB = "plan"
+DeadLetter = dict[str, Any]
+
+
+class Admission:
+    """Validate decoded requests against the catalog, then drop duplicates (RequestGate)."""
+
+    def __init__(self, catalog: Catalog, settings: HeraldSettings, dedup_ttl_seconds: int) -> None:
+        self.catalog = catalog
+        self.settings = settings
+        self.ttl = dedup_ttl_seconds
+        self._gate: RequestGate | None = None
+
+    def __call__(
+        self, decoded: Sequence[tuple[KafkaMessage, dict[str, Any]]]
+    ) -> list[PlanRequest | DeadLetter | None]:
+        """One result per input, in order."""
+        results: list[PlanRequest | DeadLetter | None] = []
+        for msg, rec in decoded:
+            origin = f"{msg.topic}:{msg.partition}:{msg.offset}"
+            try:
+                results.append(admit_request(rec, self.catalog, origin))
+            except (CatalogLookupError, InvalidRequest) as exc:
+                log.warning("plan.bad_request offset=%d reason=%s", msg.offset, exc.code)
+                results.append(msg.dead_letter(exc.code, exc.detail, JOB))
+        admitted = [r for r in results if isinstance(r, PlanRequest)]
+        if not admitted:
+            return results
+        if self._gate is None:
+            self._gate = RequestGate(redis_client(self.settings.redis), self.ttl)
+        verdicts = iter(self._gate.admit(admitted))
+        return [r if not isinstance(r, PlanRequest) or next(verdicts) else None for r in results]
+
+
+class Planner:
+    """Policy, frequency caps, rendering and records for joined user tasks."""
+
+    def __init__(self, catalog: Catalog, settings: HeraldSettings, clock: Clock) -> None:
+        self.catalog = catalog
+        self.settings = settings
+        self.clock = clock
+        self.renderer = Renderer(catalog)
+        self._caps: CapCounter | None = None
+
+    def __call__(self, batch: list[tuple[str, Planned]]) -> list[Output | DeadLetter]:
+        """Outputs of every user of every item of the batch."""
+        now = self.clock.now()
+        out: list[Output | DeadLetter] = []
+        plans: list[tuple[PlanRequest, Any, list[Decision]]] = []
+        charges: list[tuple[int, CapCharge]] = []
+        for _shard, planned in batch:
+            request = planned.request
+            for view in planned.users:
+                try:
+                    decisions = plan_user(self.catalog, request, view, now)
+                except HeraldError as exc:  # a bad value in this user's state
+                    out.append(_user_letter(request, view.user_id, None, _code(exc), str(exc)))
+                    continue
+                bucket = cap_charge(self.catalog, request, view, decisions, now)
+                if bucket is not None:
+                    charges.append(
+                        (len(plans), CapCharge(bucket, view.user_id, request.notification_id))
+                    )
+                plans.append((request, view, decisions))
+        self._apply_caps(plans, charges)
+        for request, view, decisions in plans:
+            records, rejected = user_records(self.renderer, request, view, decisions, now)
+            out.extend(records)
+            out.extend(_rejection_letter(request, r) for r in rejected)
+        return out
+
+    def _apply_caps(
+        self,
+        plans: list[tuple[PlanRequest, Any, list[Decision]]],
+        charges: list[tuple[int, CapCharge]],
+    ) -> None:
+        if not charges:
+            return
+        if self._caps is None:
+            self._caps = CapCounter(redis_client(self.settings.redis))
+        allowed = self._caps.charge([c for _i, c in charges])
+        for (index, _charge), ok in zip(charges, allowed, strict=True):
+            if not ok:
+                request, view, decisions = plans[index]
+                plans[index] = (request, view, refuse_capped(decisions))
+
+
+def _code(exc: HeraldError) -> str:
+    return str(getattr(exc, "code", type(exc).__name__))
+
+
+def _user_letter(
+    request: PlanRequest, user_id: str, delivery_id: str | None, reason: str, detail: str
+) -> DeadLetter:
+    topic = request.origin.rsplit(":", 2)[0]
+    log.warning("plan.user_rejected notification_id=%s reason=%s", request.notification_id, reason)
+    return dead_letter(
+        source_topic=topic, reason=reason, job=JOB, key=request.notification_id,
+        detail=f"{detail} (origin {request.origin})", delivery_id=delivery_id,
+        expire_at=request.policy.expire_at,
+    )  # fmt: skip
+
+
+def _rejection_letter(request: PlanRequest, rejected: Rejected) -> DeadLetter:
+    return _user_letter(
+        request, rejected.user_id, rejected.delivery_id, rejected.code, rejected.detail
+    )
+
+
+class Encoder:
+    """`Output` -> `KafkaRecord` with the Avro serializer of its topic (built once per topic).
+
+    Records are built by trusted code, so the serializers skip the per-record schema check
+    (`validate=False`); a record fastavro still refuses becomes an `encode_failed` dead letter.
+    """
+
+    def __init__(self, settings: HeraldSettings, registry: SchemaRegistry) -> None:
+        self.kafka = settings.kafka
+        self.registry = registry
+        self.specs = load_topics()
+        self._serializers: dict[str, tuple[str, Callable[[Any], bytes]]] = {}
+
+    def _serializer(self, logical: str) -> tuple[str, Callable[[Any], bytes]]:
+        found = self._serializers.get(logical)
+        if found is None:
+            spec = self.specs[logical]
+            serializer = AvroSerializer(
+                self.registry, physical_subject(spec, self.kafka), spec.schema, validate=False
+            )
+            found = self._serializers[logical] = (self.kafka.topic(logical), serializer)
+        return found
+
+    def __call__(self, batch: list[Output | DeadLetter]) -> list[KafkaRecord | DeadLetter]:
+        """Encode every Output; pass dead letters through."""
+        out: list[KafkaRecord | DeadLetter] = []
+        for item in batch:
+            if not isinstance(item, Output):
+                out.append(item)
+                continue
+            topic, serialize = self._serializer(item.topic)
+            try:
+                out.append(KafkaRecord(topic, item.key, serialize(item.value)))
+            except SerdeError as exc:
+                log.error("plan.encode_failed topic=%s reason=%s", topic, exc.reason)
+                out.append(
+                    dead_letter(
+                        source_topic=topic,
+                        reason="encode_failed",
+                        job=JOB,
+                        key=item.key,
+                        detail=f"{exc.reason}: {exc.detail}",
+                        delivery_id=item.key,
+                    )  # fmt: skip
+                )
+        return out

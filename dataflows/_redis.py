@@ -1,0 +1,113 @@
+"""Redis state of the plan job: request dedup and frequency-cap charges, one round trip per batch.
+
+    RequestGate.admit(requests)   drops second copies of a request (same notification_id)
+    CapCounter.charge(charges)    atomic increment-if-below of each user's daily cap counter
+
+Both are crash-safe under Bytewax's at-least-once replays:
+
+- The gate remembers, per notification_id, the *origin* (topic:partition:offset) of the first
+  record admitted. A record replayed after a crash has the same origin and is admitted again (its
+  outputs are re-emitted with the same ids and deduplicated downstream); another record of the
+  same notification (an upstream retry, a DLQ replay) has a different origin and is dropped. TTL:
+  `request_dedup_ttl_seconds`. Key: `plan:req:{<notification_id>}`.
+- A cap charge writes a marker per user × bucket × notification next to the counter (same hash
+  slot), so charging the same notification again (a replay) is allowed without counting twice.
+  The counter key and TTL come from `herald.caps`; the marker lives as long as the counter.
+
+Every key is touched by one script call with keys of one hash slot (Redis Cluster safe); the
+calls of a batch go through one pipeline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import redis
+
+from herald.caps import CapBucket, user_tag
+from herald.config import RedisSettings
+from herald.planning import PlanRequest
+
+__all__ = ["CapCharge", "CapCounter", "RequestGate", "redis_client"]
+
+_GATE_SCRIPT = """
+-- KEYS[1] = dedup key; ARGV[1] = origin; ARGV[2] = TTL seconds. 1 = admit, 0 = duplicate.
+local held = redis.call('GET', KEYS[1])
+if not held then
+  redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
+  return 1
+end
+if held == ARGV[1] then return 1 end
+return 0
+"""
+
+_CAP_SCRIPT = """
+-- KEYS[1] = cap counter, KEYS[2] = marker of this notification; ARGV[1] = limit, ARGV[2] = TTL.
+-- 1 = charged (or already charged for this notification), 0 = limit reached (nothing changed).
+if redis.call('EXISTS', KEYS[2]) == 1 then return 1 end
+local n = tonumber(redis.call('GET', KEYS[1]) or '0')
+if n >= tonumber(ARGV[1]) then return 0 end
+n = redis.call('INCR', KEYS[1])
+if n == 1 then redis.call('EXPIRE', KEYS[1], ARGV[2]) end
+redis.call('SET', KEYS[2], '1', 'EX', ARGV[2])
+return 1
+"""
+
+
+def redis_client(settings: RedisSettings) -> redis.Redis | redis.RedisCluster:
+    """A client for `settings` (Redis Cluster when `settings.cluster`)."""
+    if settings.cluster:
+        return redis.RedisCluster.from_url(settings.url)
+    return redis.Redis.from_url(settings.url)
+
+
+class RequestGate:
+    """Request-level dedup by notification_id (see the module docstring)."""
+
+    def __init__(self, client: redis.Redis | redis.RedisCluster, ttl_seconds: int) -> None:
+        self._client = client
+        self._script = client.register_script(_GATE_SCRIPT)
+        self._ttl = ttl_seconds
+
+    def admit(self, requests: Sequence[PlanRequest]) -> list[bool]:
+        """For each request, True unless another record of its notification was admitted."""
+        if not requests:
+            return []
+        pipe = self._client.pipeline(transaction=False)
+        for req in requests:
+            key = f"plan:req:{user_tag(req.notification_id)}"
+            self._script(keys=[key], args=[req.origin, self._ttl], client=pipe)
+        return [bool(r) for r in pipe.execute()]
+
+
+@dataclass(frozen=True, slots=True)
+class CapCharge:
+    """Charge `bucket` once for `notification_id` (the user is the bucket key's hash tag)."""
+
+    bucket: CapBucket
+    user_id: str
+    notification_id: str
+
+    def marker(self) -> str:
+        """The marker key: same hash slot as the counter."""
+        b = self.bucket
+        return f"capm:{user_tag(self.user_id)}:{b.bucket}:{b.local_date}:{self.notification_id}"
+
+
+class CapCounter:
+    """Atomic daily cap counters (see the module docstring)."""
+
+    def __init__(self, client: redis.Redis | redis.RedisCluster) -> None:
+        self._client = client
+        self._script = client.register_script(_CAP_SCRIPT)
+
+    def charge(self, charges: Sequence[CapCharge]) -> list[bool]:
+        """For each charge, True when the notification may be emitted (counted once)."""
+        if not charges:
+            return []
+        pipe = self._client.pipeline(transaction=False)
+        for c in charges:
+            keys = [c.bucket.key, c.marker()]
+            self._script(keys=keys, args=[c.bucket.daily_limit, c.bucket.ttl_seconds], client=pipe)
+        return [bool(r) for r in pipe.execute()]

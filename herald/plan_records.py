@@ -1,0 +1,285 @@
+"""One user's plan as records: Deliveries, delivery events and the frequency-cap charge. Pure.
+
+    plan_user(catalog, request, view, now)         -> decisions (herald.policy.decide)
+    cap_charge(catalog, request, view, decisions, now) -> the CapBucket to charge, or None
+    refuse_capped(decisions)                       -> Send/Hold replaced by Suppress(frequency_cap)
+    user_records(catalog, renderer, request, view, decisions, now) -> (outputs, rejections)
+
+Frequency caps: `decide` runs with `cap_count=0` and the job charges the cap afterwards with one
+atomic increment-if-below per user × notification (see dataflows/_redis.py); a refused charge
+turns every Send/Hold of that user into `Suppress("frequency_cap")`. So the cap counts only
+notifications that are actually emitted, once per user whatever the number of channels, on the
+user's local day of the earliest emitted instant (now, or the end of a quiet-hours hold).
+
+Outputs per decision:
+- Send → one Delivery per address on `herald.deliveries.{channel}.{class}` + a PLANNED event;
+- Hold → the same Delivery with `not_before` on `herald.scheduled` + a SCHEDULED event whose
+  reason is `quiet_hours` or `scheduled`;
+- Suppress → a SUPPRESSED (or EXPIRED) event with the policy's machine-readable reason.
+Every id is deterministic (`herald.ids`): a replayed request yields the same records.
+A per-user template failure is a `Rejected` (the job dead-letters it); nothing else is emitted
+for that channel.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from datetime import datetime
+from math import ceil
+from typing import Any, NamedTuple
+
+from herald import ids
+from herald.caps import CapBucket, cap_bucket
+from herald.catalog import Catalog, TemplateError
+from herald.planning import PlanRequest, UserView
+from herald.policy import Address, Decision, Hold, Send, Suppress, decide
+from herald.render import BoundTemplate, Rendered, compiled
+from herald.scheduling import local_send_at
+from herald.states import State
+
+__all__ = [
+    "EVENTS_TOPIC",
+    "SCHEDULED_TOPIC",
+    "Output",
+    "Rejected",
+    "Renderer",
+    "cap_charge",
+    "deliveries_topic",
+    "event_record",
+    "plan_user",
+    "refuse_capped",
+    "user_records",
+]
+
+EVENTS_TOPIC = "herald.delivery-events"
+SCHEDULED_TOPIC = "herald.scheduled"
+
+
+def deliveries_topic(channel: str, traffic_class: str) -> str:
+    """The logical topic of planned deliveries of a channel and class."""
+    return f"herald.deliveries.{channel}.{traffic_class}"
+
+
+class Output(NamedTuple):
+    """A record for logical `topic` with Kafka key `key` (a delivery_id)."""
+
+    topic: str
+    key: str
+    value: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    """A delivery that could not be built (template failure); `code` is the dead-letter reason."""
+
+    user_id: str
+    delivery_id: str
+    code: str
+    detail: str
+
+
+def plan_user(
+    catalog: Catalog, request: PlanRequest, view: UserView, now: datetime
+) -> list[Decision]:
+    """The policy's decisions for one user (a local send time becomes this user's send_at)."""
+    policy = request.policy
+    if request.send_local_time:
+        tz = view.prefs.timezone or catalog.default_timezone
+        policy = replace(
+            policy, send_at=local_send_at(now, policy.send_at, request.send_local_time, tz)
+        )
+    return decide(catalog, policy, view.prefs, view.contacts, now, 0)
+
+
+def cap_charge(
+    catalog: Catalog, request: PlanRequest, view: UserView, decisions: list[Decision], now: datetime
+) -> CapBucket | None:
+    """The cap bucket this user's emitted decisions must be charged to; None = not capped.
+
+    The TTL is counted from `now` (when the key is written) to the end of the charged day.
+    """
+    instants = [now if isinstance(d, Send) else d.until for d in decisions if not _suppressed(d)]
+    if not instants:
+        return None
+    at = min(instants)
+    nt = catalog.get(request.notification_type)
+    bucket = cap_bucket(view.user_id, nt, at, view.prefs.timezone or catalog.default_timezone)
+    if bucket is None:
+        return None
+    return replace(bucket, ttl_seconds=bucket.ttl_seconds + ceil((at - now).total_seconds()))
+
+
+def _suppressed(decision: Decision) -> bool:
+    return isinstance(decision, Suppress)
+
+
+def refuse_capped(decisions: list[Decision]) -> list[Decision]:
+    """The decisions after a refused cap charge: nothing is emitted, reason frequency_cap."""
+    return [
+        d if isinstance(d, Suppress) else Suppress(d.channel, "frequency_cap") for d in decisions
+    ]
+
+
+class Renderer:
+    """Renders deliveries; a request's shared params are bound once per channel × locale.
+
+    Campaigns render once per locale and fill per-user params (`herald.render.BoundTemplate`);
+    bound templates are kept for the `max_entries` most recent (request, channel, locale).
+    """
+
+    def __init__(self, catalog: Catalog, max_entries: int = 1024) -> None:
+        self.catalog = catalog
+        self.max_entries = max_entries
+        self._bound: OrderedDict[tuple[str, str, str], BoundTemplate] = OrderedDict()
+
+    def render(
+        self, request: PlanRequest, channel: str, locale: str, user_params: Mapping[str, str] | None
+    ) -> Rendered:
+        """Render; raises `TemplateError` (code `missing_param:<name>`, `render_failed`...)."""
+        key = (request.notification_id, channel, locale)
+        bound = self._bound.get(key)
+        if bound is None:
+            template = compiled(
+                self.catalog, request.notification_type, channel, locale, request.template_version
+            )
+            bound = template.bind(request.params)
+            self._bound[key] = bound
+            if len(self._bound) > self.max_entries:
+                self._bound.popitem(last=False)
+        if user_params:
+            extra = {k: v for k, v in user_params.items() if k not in request.params}
+            return bound.render(extra)
+        return bound.render()
+
+
+def event_record(
+    request: PlanRequest,
+    user_id: str,
+    channel: str,
+    delivery_id: str,
+    state: State,
+    reason: str | None,
+    now: datetime,
+    attributes: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """A `delivery_event` record; its event_id is deterministic (delivery, state, attempt 0)."""
+    return {
+        "event_id": ids.event_id(delivery_id, state.value, 0),
+        "delivery_id": delivery_id,
+        "notification_id": request.notification_id,
+        "user_id": user_id,
+        "tenant_id": request.tenant_id,
+        "notification_type": request.notification_type,
+        "channel": channel,
+        "traffic_class": request.traffic_class,
+        "state": state.value,
+        "reason": reason,
+        "provider": None,
+        "provider_msg_id": None,
+        "attempt": 0,
+        "latency_ms": None,
+        "occurred_at": now,
+        "recorded_at": now,
+        "attributes": dict(attributes) if attributes else {},
+    }
+
+
+def _delivery_id(request: PlanRequest, user_id: str, channel: str, address: Address) -> str:
+    device = address.device_id if channel == "push" else None
+    return ids.delivery_id(request.notification_id, user_id, channel, device)
+
+
+def _delivery(
+    request: PlanRequest,
+    user_id: str,
+    send: Send,
+    address: Address,
+    delivery_id: str,
+    rendered: Rendered,
+    now: datetime,
+) -> dict[str, Any]:
+    return {
+        "delivery_id": delivery_id,
+        "notification_id": request.notification_id,
+        "request_id": request.request_id,
+        "tenant_id": request.tenant_id,
+        "user_id": user_id,
+        "notification_type": request.notification_type,
+        "category": request.category,
+        "traffic_class": request.traffic_class,
+        "channel": send.channel,
+        "provider": address.provider or send.provider,
+        "address": address.value,
+        "platform": address.platform,
+        "rendered": rendered.as_record(),
+        "locale": rendered.locale,
+        "template_version": rendered.version,
+        "collapse_key": request.notification_id if send.channel == "push" else None,
+        "attempt": 0,
+        "not_before": send.not_before,
+        "next_attempt_at": None,
+        "expire_at": send.expire_at,
+        "first_attempt_at": None,
+        "fallback": list(send.fallback),
+        "created_at": now,
+    }
+
+
+def _emitted(
+    request: PlanRequest, view: UserView, decision: Send | Hold, rendered: Rendered, now: datetime
+) -> list[Output]:
+    send = decision if isinstance(decision, Send) else decision.planned
+    if isinstance(decision, Hold):
+        topic, state, reason = SCHEDULED_TOPIC, State.SCHEDULED, decision.reason
+        attributes = {"not_before": decision.until.isoformat()}
+    else:
+        topic, state, reason = (
+            deliveries_topic(send.channel, request.traffic_class),
+            State.PLANNED,
+            None,
+        )
+        attributes = {}
+    if send.fallback_from:
+        attributes["fallback_from"] = send.fallback_from
+    out: list[Output] = []
+    for address in send.addresses:
+        did = _delivery_id(request, view.user_id, send.channel, address)
+        out.append(
+            Output(topic, did, _delivery(request, view.user_id, send, address, did, rendered, now))
+        )
+        event = event_record(
+            request, view.user_id, send.channel, did, state, reason, now, attributes
+        )
+        out.append(Output(EVENTS_TOPIC, did, event))
+    return out
+
+
+def user_records(
+    renderer: Renderer,
+    request: PlanRequest,
+    view: UserView,
+    decisions: list[Decision],
+    now: datetime,
+) -> tuple[list[Output], list[Rejected]]:
+    """Records for one user's decisions (see the module docstring)."""
+    out: list[Output] = []
+    rejected: list[Rejected] = []
+    for decision in decisions:
+        if isinstance(decision, Suppress):
+            did = ids.delivery_id(request.notification_id, view.user_id, decision.channel)
+            event = event_record(
+                request, view.user_id, decision.channel, did, decision.state, decision.reason, now
+            )
+            out.append(Output(EVENTS_TOPIC, did, event))
+            continue
+        send = decision if isinstance(decision, Send) else decision.planned
+        try:
+            rendered = renderer.render(request, send.channel, send.locale, view.params)
+        except TemplateError as exc:
+            did = ids.delivery_id(request.notification_id, view.user_id, send.channel)
+            rejected.append(Rejected(view.user_id, did, exc.code, exc.detail))
+            continue
+        out.extend(_emitted(request, view, decision, rendered, now))
+    return out, rejected

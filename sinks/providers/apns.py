@@ -27,6 +27,7 @@ from typing import Any
 import httpx
 import jwt
 import orjson
+from hpack import NeverIndexedHeaderTuple
 
 from herald.outcomes import (
     Accepted,
@@ -37,8 +38,15 @@ from herald.outcomes import (
     Retryable,
     TokenDead,
 )
-from sinks.providers.base import Delivery, ProviderClient, epoch_seconds, parse_retry_after
+from sinks.providers.base import (
+    Delivery,
+    ProviderClient,
+    epoch_seconds,
+    parse_retry_after,
+    ssl_context,
+)
 from sinks.providers.config import ApnsConfig
+from sinks.providers.h2transport import H2Response, H2Transport
 
 __all__ = ["ApnsClient", "ApnsTokenSigner", "apns_id"]
 
@@ -56,6 +64,8 @@ _PLATFORM_403 = frozenset(
         "BadEnvironmentKeyIdInToken",
     }
 )
+_UNIQUE = frozenset({"apns-id", "apns-expiration"})
+_Response = httpx.Response | H2Response
 _NAMESPACE = uuid.UUID("5f0c6b52-8d3e-4a57-9a43-6a0f3b1e2c11")
 
 
@@ -133,8 +143,16 @@ class ApnsClient(ProviderClient):
     http2 = True
 
     def __init__(self, config: ApnsConfig, signer: ApnsTokenSigner | None = None) -> None:
-        super().__init__(config)
+        self._h2: H2Transport | None = None
+        if config.transport == "h2":
+            self._h2 = H2Transport(
+                verify=ssl_context(config),
+                max_connections=config.max_connections,
+                max_streams=config.max_concurrency,
+            )
+        super().__init__(config, transport=self._h2)
         self.apns = config
+        self._url = httpx.URL(config.base_url)
         self.signer = signer or ApnsTokenSigner(
             config.team_id,
             config.key_id,
@@ -174,7 +192,7 @@ class ApnsClient(ProviderClient):
         path, headers, body = self._request(delivery)
         token = self.signer.current()
         headers["authorization"] = f"bearer {token}"
-        resp = await self.http.post(path, headers=headers, content=body)
+        resp = await self._post(path, headers, body)
         reason = _reason(resp) if resp.status_code != 200 else ""
         if resp.status_code == 403 and reason == "ExpiredProviderToken":
             fresh = self.signer.refresh_after_expired(token)
@@ -183,11 +201,26 @@ class ApnsClient(ProviderClient):
                     reason, provider=self.provider, status_code=403, latency_ms=self._ms(start)
                 )
             headers["authorization"] = f"bearer {fresh}"
-            resp = await self.http.post(path, headers=headers, content=body)
+            resp = await self._post(path, headers, body)
             reason = _reason(resp) if resp.status_code != 200 else ""
         return self._map(resp, reason, headers["apns-id"], start)
 
-    def _map(self, resp: httpx.Response, reason: str, sent_id: str, start: float) -> Outcome:
+    async def _post(self, path: str, headers: dict[str, str], body: bytes) -> _Response:
+        """POST on the shared connection; the lean transport is called without client overhead."""
+        if self._h2 is None:
+            return await self.http.post(path, headers=headers, content=body)
+        raw = [
+            # Per-request values are never indexed, so they don't evict the token from HPACK.
+            NeverIndexedHeaderTuple(k.encode(), v.encode())
+            if k in _UNIQUE
+            else (k.encode(), v.encode())
+            for k, v in headers.items()
+        ]
+        return await self._h2.request(
+            self._url, b"POST", path.encode(), raw, body, self.timeouts, index_path=False
+        )
+
+    def _map(self, resp: _Response, reason: str, sent_id: str, start: float) -> Outcome:
         status, ms, p = resp.status_code, self._ms(start), self.provider
         if status == 200:
             return Accepted(
@@ -207,7 +240,7 @@ class ApnsClient(ProviderClient):
         return Permanent(reason, provider=p, status_code=status, latency_ms=ms)
 
 
-def _reason(resp: httpx.Response) -> str:
+def _reason(resp: _Response) -> str:
     """The `reason` of an APNs error body (or `http_<status>` when there is none)."""
     try:
         data = orjson.loads(resp.content)

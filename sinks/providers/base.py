@@ -89,10 +89,19 @@ class ProviderClient(ABC):
     provider: ClassVar[str]
     http2: ClassVar[bool] = False
 
-    def __init__(self, config: HttpConfig) -> None:
+    def __init__(
+        self, config: HttpConfig, transport: httpx.AsyncBaseTransport | None = None
+    ) -> None:
         self.config = config
         self._sem = asyncio.Semaphore(config.max_concurrency)
+        self.timeouts = {
+            "connect": config.connect_timeout_s,
+            "read": config.timeout_s,
+            "write": config.timeout_s,
+            "pool": config.pool_timeout_s,
+        }
         self.http = httpx.AsyncClient(
+            transport=transport,
             base_url=config.base_url,
             http2=self.http2 or bool(getattr(config, "http2", False)),
             http1=not self.http2,

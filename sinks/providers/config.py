@@ -14,6 +14,7 @@ Secrets are `SecretStr`. Load these only in entry points and pass them to the cl
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -55,6 +56,11 @@ class ApnsConfig(HttpConfig):
     topic: str = Field(default="", description="bundle id (apns-topic)")
     max_connections: int = Field(default=1, ge=1)
     max_concurrency: int = Field(default=1000, ge=1)
+    transport: Literal["h2", "httpcore"] = Field(
+        default="h2",
+        description="h2: Herald's lean HTTP/2 transport (~5x less CPU per send); "
+        "httpcore: httpx's default HTTP/2 stack",
+    )
     token_refresh_s: float = Field(
         default=2400.0, gt=0, description="mint a new JWT after this age"
     )

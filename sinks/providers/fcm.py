@@ -132,7 +132,10 @@ class FcmClient(ProviderClient):
     def _map(self, resp: httpx.Response, start: float) -> Outcome:
         status, ms, p = resp.status_code, self._ms(start), self.provider
         if status == 200:
-            name = str(orjson.loads(resp.content).get("name", ""))
+            try:
+                name = str(orjson.loads(resp.content).get("name", ""))
+            except (orjson.JSONDecodeError, AttributeError):
+                name = ""  # accepted all the same; only the id for receipts is missing
             return Accepted(name.rsplit("/", 1)[-1], provider=p, status_code=status, latency_ms=ms)
         code, message = _error_code(resp)
         retry_after = parse_retry_after(resp.headers.get("retry-after"))

@@ -80,7 +80,11 @@ class TwilioClient(ProviderClient):
         status, p = resp.status_code, self.provider
         kw: dict[str, Any] = {"provider": p, "status_code": status, "latency_ms": self._ms(start)}
         if status in (200, 201):
-            return Accepted(str(orjson.loads(resp.content)["sid"]), **kw)
+            try:
+                sid = str(orjson.loads(resp.content)["sid"])
+            except (orjson.JSONDecodeError, KeyError, TypeError):
+                sid = ""  # created all the same; only the sid for receipts is missing
+            return Accepted(sid, **kw)
         code = _code(resp)
         retry_after = parse_retry_after(resp.headers.get("retry-after"))
         reason = str(code) if code else f"http_{status}"

@@ -123,3 +123,16 @@ async def metrics(request: Request) -> Response:
     except RedisError:
         log.warning("api.metrics_otp_refresh_failed")
     return Response(generate_latest(st.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+def create_app_from_env() -> FastAPI:
+    """The app with every setting read from the environment (uvicorn factory of `python -m api`).
+
+    Callback secrets default to the embedded simulators' credentials under
+    `<run_dir>/simulators` unless HERALD_PROVIDERS_* are set (api/settings.py).
+    """
+    settings = HeraldSettings()
+    providers = ProviderSecrets()
+    if providers.simulator_dir is None:
+        providers.simulator_dir = settings.run.run_dir / "simulators"
+    return create_app(settings, api=ApiSettings(), providers=providers)

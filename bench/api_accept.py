@@ -190,10 +190,10 @@ def _now() -> Any:
     return datetime.now(UTC)
 
 
-def _start_api(env: dict[str, str], port: int, log: Path) -> subprocess.Popen[bytes]:
+def _start_api(env: dict[str, str], port: int, log: Path, workers: int) -> subprocess.Popen[bytes]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "api", "--host", "127.0.0.1", "--port", str(port),
-         "--log-level", "warning"],
+         "--log-level", "warning", "--workers", str(workers)],
         env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
     import httpx
@@ -216,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=20.0)
     parser.add_argument("--warmup", type=float, default=3.0)
     parser.add_argument("--connections", type=int, default=64)
+    parser.add_argument("--workers", type=int, default=1, help="API worker processes")
     parser.add_argument("--json", type=Path, help="write the report here")
     args = parser.parse_args(argv)
     try:
@@ -246,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         env["HERALD_API_TENANTS_FILE"] = str(tenants)
         port = free_port("127.0.0.1")
-        api_proc = _start_api(env, port, run_dir / "api.log")
+        api_proc = _start_api(env, port, run_dir / "api.log", args.workers)
         url = f"http://127.0.0.1:{port}"
         asyncio.run(load_api(url, BENCH_KEY, args.rate, args.warmup, args.connections))
         api = asyncio.run(load_api(url, BENCH_KEY, args.rate, args.duration, args.connections))
@@ -254,10 +255,11 @@ def main(argv: list[str] | None = None) -> int:
         raw = load_raw(settings, args.rate, args.duration)
     finally:
         if api_proc is not None:
-            api_proc.terminate()
+            os.killpg(api_proc.pid, 15)
             api_proc.wait(15)
         stack.stop()
-    report = {"cores": os.cpu_count(), "api": api.summary(), "raw_kafka": raw.summary()}
+    report = {"cores": os.cpu_count(), "api_workers": args.workers, "api": api.summary(),
+              "raw_kafka": raw.summary()}  # fmt: skip
     print(json.dumps(report, indent=2))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -1,8 +1,7 @@
-"""The plan job's batch steps: admission, the policy with caps and rendering, and encoding.
+"""The plan job's batch steps: admission, then the policy with caps and rendering.
 
     Admission(...)(decoded)   requests -> PlanRequest | dead letter | None (a duplicate)
     Planner(...)(batch)       (shard, Planned) items -> Output | dead letter, one Redis trip a batch
-    Encoder(...)(batch)       Output -> KafkaRecord | dead letter
 
 They are callables over whole batches (`flat_map_batch`), so the per-item cost of the dataflow is
 paid once per batch for Redis round trips and clock reads. Redis clients are created on first use
@@ -12,14 +11,14 @@ in the worker process that runs the step.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from dataflows._redis import CapCharge, CapCounter, RequestGate, redis_client
 from dataflows._settings import Clock
 from herald.catalog import Catalog, CatalogLookupError
 from herald.config import HeraldSettings
-from herald.errors import HeraldError, SerdeError
+from herald.errors import HeraldError
 from herald.plan_records import (
     Output,
     Rejected,
@@ -31,13 +30,10 @@ from herald.plan_records import (
 )
 from herald.planning import InvalidRequest, Planned, PlanRequest, admit_request
 from herald.policy import Decision
-from infra.topics import load_topics, physical_subject
-from schemas.registry import SchemaRegistry
-from schemas.serde import AvroSerializer
-from sinks.kafka import KafkaRecord, dead_letter
+from sinks.kafka import dead_letter
 from sources.kafka import KafkaMessage
 
-__all__ = ["Admission", "Encoder", "Planner"]
+__all__ = ["Admission", "Planner"]
 
 log = logging.getLogger(__name__)
 
@@ -148,51 +144,3 @@ def _rejection_letter(request: PlanRequest, rejected: Rejected) -> DeadLetter:
     return _user_letter(
         request, rejected.user_id, rejected.delivery_id, rejected.code, rejected.detail
     )
-
-
-class Encoder:
-    """`Output` -> `KafkaRecord` with the Avro serializer of its topic (built once per topic).
-
-    Records are built by trusted code, so the serializers skip the per-record schema check
-    (`validate=False`); a record fastavro still refuses becomes an `encode_failed` dead letter.
-    """
-
-    def __init__(self, settings: HeraldSettings, registry: SchemaRegistry) -> None:
-        self.kafka = settings.kafka
-        self.registry = registry
-        self.specs = load_topics()
-        self._serializers: dict[str, tuple[str, Callable[[Any], bytes]]] = {}
-
-    def _serializer(self, logical: str) -> tuple[str, Callable[[Any], bytes]]:
-        found = self._serializers.get(logical)
-        if found is None:
-            spec = self.specs[logical]
-            serializer = AvroSerializer(
-                self.registry, physical_subject(spec, self.kafka), spec.schema, validate=False
-            )
-            found = self._serializers[logical] = (self.kafka.topic(logical), serializer)
-        return found
-
-    def __call__(self, batch: list[Output | DeadLetter]) -> list[KafkaRecord | DeadLetter]:
-        """Encode every Output; pass dead letters through."""
-        out: list[KafkaRecord | DeadLetter] = []
-        for item in batch:
-            if not isinstance(item, Output):
-                out.append(item)
-                continue
-            topic, serialize = self._serializer(item.topic)
-            try:
-                out.append(KafkaRecord(topic, item.key, serialize(item.value)))
-            except SerdeError as exc:
-                log.error("plan.encode_failed topic=%s reason=%s", topic, exc.reason)
-                out.append(
-                    dead_letter(
-                        source_topic=topic,
-                        reason="encode_failed",
-                        job=JOB,
-                        key=item.key,
-                        detail=f"{exc.reason}: {exc.detail}",
-                        delivery_id=item.key,
-                    )  # fmt: skip
-                )
-        return out

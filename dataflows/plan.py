@@ -42,7 +42,8 @@ from bytewax.dataflow import Dataflow
 from dataflows._audience import ClickHouseAudience
 from dataflows._changelog import ChangelogSource
 from dataflows._common import produce_with_dead_letters
-from dataflows._planner import Admission, Encoder, Planner
+from dataflows._encode import Encoder
+from dataflows._planner import Admission, Planner
 from dataflows._requests import RequestSource
 from dataflows._settings import PlanningSettings
 from dataflows._users import ChangelogDecoder, UserShardLogic, to_shards
@@ -134,7 +135,7 @@ def build_flow(
     # (shard, Planned)
     outputs = op.flat_map_batch("plan", planned, Planner(catalog, settings, planning.clock()))
     # Output(topic, delivery_id, Delivery | delivery_event dict) | dead_letter dict
-    records = op.flat_map_batch("encode", outputs, Encoder(settings, registry))
+    records = op.flat_map_batch("encode", outputs, Encoder(settings, registry, "plan"))
     # KafkaRecord | dead_letter dict
     encoded = op.branch("split_records", records, _is_record)
     dead_letters = op.merge("dead_letters", split.falses, updates.falses, encoded.falses)

@@ -18,7 +18,7 @@ from tests.dataflows.helpers import consume, decoder, encoder, produce
 REPO = Path(__file__).resolve().parents[2]
 DEAD_LETTERS = "herald.dead-letters"
 EVENTS = "herald.delivery-events"
-JOB_ERRORS = ("DeliveryError", "InfraError", "RegistryError", "KafkaException", "Traceback")
+JOB_ERRORS = ("DeliveryError", "InfraError", "RegistryError", "KafkaException", "SerdeError")
 
 
 def now() -> datetime:

@@ -38,11 +38,17 @@ def quiet_now(tz_offset_minutes: int = 330) -> dict[str, str]:
 
 def by_state(events: list[dict[str, Any]], nid: str) -> dict[tuple[str, str], tuple[str, Any]]:
     """(user, channel) -> (state, reason) of a notification's events (one per pair here)."""
-    return {(e["user_id"], e["channel"]): (e["state"], e["reason"]) for e in events if e["notification_id"] == nid}
+    return {
+        (e["user_id"], e["channel"]): (e["state"], e["reason"])
+        for e in events
+        if e["notification_id"] == nid
+    }
 
 
 def run_bounded(settings: HeraldSettings, traffic_class: str = "bulk") -> None:
-    flow = build_flow(settings, traffic_class=traffic_class, planning=PlanningSettings(), bounded=True)
+    flow = build_flow(
+        settings, traffic_class=traffic_class, planning=PlanningSettings(), bounded=True
+    )
     run_main(flow, epoch_interval=timedelta(milliseconds=200))
 
 
@@ -90,4 +96,8 @@ def test_campaign_policy_outcomes(settings: HeraldSettings) -> None:
     ) == [(u5, "email"), (u5, "push")]
     assert all(d["not_before"] > now() for d in held)
     letters = Counter(d["reason"] for d in read(settings, DEAD_LETTERS))
-    assert letters == {"unknown_notification_type": 1, "missing_param:cta_url": 1, "bad_magic_byte": 1}
+    assert letters == {
+        "unknown_notification_type": 1,
+        "missing_param:cta_url": 1,
+        "bad_magic_byte": 1,
+    }

@@ -1,0 +1,209 @@
+"""digest: social events -> one notification request per closed (recipient, type, object) window.
+
+    herald.social-events (Avro social_event, key = recipient_id)
+        -> keyed by (recipient, catalog digest type, object), windows per herald.digest
+        -> one notification_request per closed window on herald.requests.{class of the type}
+           (source "digest", request_id = window id, notification_id = f(tenant, window id))
+    undecodable records and unknown event types -> herald.dead-letters; the job keeps going
+
+Run: `python -m bytewax.run "dataflows.digest:build_flow()"` (add `-r DIR -s 1` for recovery).
+
+Time: windows are assigned in **event time** (`occurred_at`, rules in herald/digest.py: a window
+opens at its first event and lasts the type's `window_seconds`: likes 600 s, follows 300 s,
+comments 30 s, Q&A invites 0 = direct). A window is a latency budget: it is closed by the job
+clock (processing time) at `window_end + digest_grace_seconds` through a Bytewax timer
+(`notify_at`), or earlier when an event at or after its end arrives. An event for a window
+already closed joins the next window of its key: late events are never lost, never reopen a
+window, and every window has its own id.
+
+Idempotency: the window id derives from (recipient, type, object, window start), so a window
+re-emitted after a crash (closed in an epoch that did not commit) carries the same
+notification_id, and the plan job's request dedup drops the copy. Upstream event ids are
+deduplicated per key (`DigestState.seen_events`), across restarts too: the state is snapshotted.
+
+State TTL: a key's state is discarded `digest_idle_ttl_seconds` after its last window closed
+(timer), so idle recipients cost nothing; an event after that opens a fresh state.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+from datetime import datetime, timedelta
+from functools import partial
+from typing import Any
+
+import bytewax.operators as op
+from bytewax.dataflow import Dataflow
+
+from dataflows._common import produce_with_dead_letters
+from dataflows._encode import Encoder
+from dataflows._settings import Clock, PlanningSettings
+from herald.catalog import Catalog, load_catalog
+from herald.config import HeraldSettings
+from herald.digest import (
+    DigestKey,
+    DigestState,
+    DigestWindow,
+    SocialEvent,
+    notification_request,
+    step,
+)
+from herald.plan_records import Output
+from schemas.registry import make_registry
+from sinks.kafka import KafkaProducerSink, KafkaRecord
+from sources.kafka import Decoded, kafka_avro_input
+
+__all__ = ["DigestLogic", "EventParser", "build_flow"]
+
+log = logging.getLogger(__name__)
+
+JOB = "digest"
+EVENTS_TOPIC = "herald.social-events"
+
+
+class EventParser:
+    """`Decoded` social event -> `(digest key, SocialEvent)`, or a dead letter."""
+
+    def __init__(self, catalog: Catalog) -> None:
+        self.types = {
+            nt.digest.event_type: nt.name for nt in catalog.types.values() if nt.digest is not None
+        }
+
+    def __call__(self, decoded: Decoded) -> tuple[str, SocialEvent] | dict[str, Any]:
+        rec, msg = decoded.value, decoded.message
+        type_name = self.types.get(rec["event_type"])
+        if type_name is None:
+            log.warning(
+                "digest.unknown_event_type offset=%d partition=%d", msg.offset, msg.partition
+            )
+            return msg.dead_letter(
+                "unknown_event_type", f"no digest type for {rec['event_type']!r}", JOB
+            )
+        event = SocialEvent.from_record(rec)
+        key = DigestKey(event.recipient_id, type_name, event.object_id or "")
+        return key.as_str(), event
+
+
+class DigestLogic(op.StatefulBatchLogic[SocialEvent, DigestWindow, bytes]):
+    """One digest key: fold events (herald.digest.step), close windows on the timer, expire."""
+
+    def __init__(
+        self, catalog: Catalog, clock: Clock, grace: float, ttl: float, resume: bytes | None
+    ) -> None:
+        self.catalog = catalog
+        self.clock = clock
+        self.grace = timedelta(seconds=grace)
+        self.ttl = timedelta(seconds=ttl)
+        self.state: DigestState | None = pickle.loads(resume) if resume else None
+
+    def on_batch(self, values: list[SocialEvent]) -> tuple[list[DigestWindow], bool]:
+        """Fold the events in order; close what is due."""
+        out: list[DigestWindow] = []
+        state = self.state
+        for event in values:
+            state, closed = step(state, event, self.catalog)
+            out.extend(closed)
+        self.state = state
+        return self._tick(out)
+
+    def on_notify(self) -> tuple[list[DigestWindow], bool]:
+        """The timer: close the open window if due, discard the state if idle long enough."""
+        return self._tick([])
+
+    def _tick(self, out: list[DigestWindow]) -> tuple[list[DigestWindow], bool]:
+        state = self.state
+        if state is None:
+            return out, op.StatefulBatchLogic.DISCARD
+        now = self.clock.now()
+        if state.should_close(now - self.grace):
+            window = state.close()
+            if window is not None:
+                out.append(window)
+        for window in out:
+            log.info(
+                "digest.window_closed type=%s events=%d total=%d window_id=%s",
+                window.key.notification_type, window.events, window.total, window.window_id,
+            )  # fmt: skip
+        return out, state.idle(now, self.ttl)
+
+    def notify_at(self) -> datetime | None:
+        """Window end + grace while a window is open; else when the idle TTL runs out."""
+        state = self.state
+        if state is None:
+            return None
+        if state.window_end is not None:
+            return state.window_end + self.grace
+        if state.closed_until is not None:
+            return state.closed_until + self.ttl
+        return None
+
+    def snapshot(self) -> bytes:
+        """The state, pickled now (later mutations cannot leak into the snapshot)."""
+        return pickle.dumps(self.state, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+class ToRequest:
+    """A closed window as an `Output` for herald.requests.{class of the digest type}."""
+
+    def __init__(self, catalog: Catalog, clock: Clock) -> None:
+        self.catalog = catalog
+        self.clock = clock
+
+    def __call__(self, item: tuple[str, DigestWindow]) -> Output:
+        record = notification_request(item[1], self.catalog, self.clock.now())
+        topic = f"herald.requests.{record['traffic_class']}"
+        return Output(topic, record["notification_id"], record)
+
+
+def _is_keyed(item: Any) -> bool:
+    return isinstance(item, tuple)
+
+
+def _is_record(item: Any) -> bool:
+    return isinstance(item, KafkaRecord)
+
+
+def build_flow(
+    settings: HeraldSettings | None = None,
+    *,
+    planning: PlanningSettings | None = None,
+    bounded: bool = False,
+) -> Dataflow:
+    """The digest job. Without `settings` (entry point) it reads the environment and configures
+    logging. `bounded=True` stops at the current end of the input (benchmarks)."""
+    if settings is None:
+        logging.basicConfig(
+            level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s"
+        )
+        settings = HeraldSettings()
+    planning = planning if planning is not None else PlanningSettings()
+    catalog = load_catalog(planning.catalog_path)
+    clock = planning.clock()
+    registry = make_registry(settings.registry)
+    flow = Dataflow("digest")
+    events = kafka_avro_input(
+        "events_in", flow, settings=settings, topics=[EVENTS_TOPIC], registry=registry,
+        reader_schema="social_event", job=JOB, stop_at_end=bounded,
+    )  # fmt: skip
+    # oks: Decoded(KafkaMessage, social_event dict); errs: dead_letter dict
+    parsed = op.map("parse", events.oks, EventParser(catalog))
+    # (digest key, SocialEvent) | dead_letter dict
+    split = op.branch("split_events", parsed, _is_keyed)
+    logic = partial(
+        DigestLogic, catalog, clock, planning.digest_grace_seconds, planning.digest_idle_ttl_seconds
+    )
+    windows = op.stateful_batch("windows", split.trues, logic)
+    # (digest key, DigestWindow)
+    requests = op.map("to_request", windows, ToRequest(catalog, clock))
+    # Output(herald.requests.{class}, notification_id, notification_request dict)
+    records = op.flat_map_batch("encode", requests, Encoder(settings, registry, JOB))
+    # KafkaRecord | dead_letter dict
+    encoded = op.branch("split_records", records, _is_record)
+    dead_letters = op.merge("dead_letters", events.errs, split.falses, encoded.falses)
+    # dead_letter dict
+    produce_with_dead_letters(
+        "kafka_out", encoded.trues, dead_letters, kafka=settings.kafka, registry=registry,
+        sink=KafkaProducerSink(settings.kafka, parts=2),
+    )  # fmt: skip
+    return flow

@@ -1,0 +1,128 @@
+"""The digest job as a real process: seed 003's storm with a SIGKILL in the middle."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sqlite3
+import time
+from collections import Counter
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from bytewax.recovery import init_db_dir
+
+from herald.config import HeraldSettings
+from tests.dataflows.helpers import produce
+from tests.dataflows.jobs import (
+    DEAD_LETTERS,
+    Job,
+    assert_no_job_errors,
+    now,
+    read,
+    send,
+    wait_for,
+)
+
+pytestmark = pytest.mark.integration
+
+IMPORT = "dataflows.digest:build_flow()"
+REQUESTS = "herald.requests.normal"
+# Every window of the storm ends this long after the test starts (events are backdated by
+# window length - MARGIN), so the test waits MARGIN seconds instead of ten minutes.
+MARGIN = 35
+
+
+def event(
+    event_id: str, kind: str, actor: str, recipient: str, at: datetime, obj: str | None
+) -> dict[str, Any]:
+    return {
+        "event_id": event_id,
+        "event_type": kind,
+        "actor_id": actor,
+        "actor_name": actor,
+        "recipient_id": recipient,
+        "object_id": obj,
+        "object_type": "post" if obj else None,
+        "occurred_at": at,
+        "tenant_id": "acme",
+    }
+
+
+def snapshots(recovery: Path) -> int:
+    """Keys of the `windows` step in the recovery store (0 until the first snapshot)."""
+    total = 0
+    for db in recovery.glob("*.sqlite3"):
+        with sqlite3.connect(db) as conn:
+            total += conn.execute(
+                "SELECT count(*) FROM snaps WHERE step_id LIKE '%windows%'"
+            ).fetchone()[0]
+    return total
+
+
+def wait_snapshot(recovery: Path, keys: int, job: Job, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while snapshots(recovery) < keys:
+        assert job.running(), job.output()[-3000:]
+        assert time.monotonic() < deadline, "no snapshot of the window state"
+        time.sleep(0.2)
+
+
+def test_seed_003_storm_survives_sigkill(
+    settings: HeraldSettings, subprocess_env: dict[str, str], tmp_path: Path
+) -> None:
+    """1,200 likes + 3 comments + 2 follows for one user -> exactly 3 notifications."""
+    recovery = tmp_path / "recovery"
+    recovery.mkdir()
+    init_db_dir(recovery, 1)
+    args = ["-r", str(recovery), "-s", "1", "-b", "0"]
+    env = {**subprocess_env, "HERALD_PLANNING_DIGEST_GRACE_SECONDS": "1"}
+    t0 = now()
+    star = f"{settings.kafka.topic_prefix}star"
+    like_at = t0 - timedelta(seconds=600 - MARGIN)
+    likes = [
+        event(f"like-{i}", "like", f"user{i}", star, like_at, "post-1") for i in range(1, 1201)
+    ]
+    comments = [event(f"c{i}", "comment", f"user{c}", star, t0 - timedelta(seconds=30 - MARGIN), "post-1")
+                for i, c in enumerate("ABC", 1)]  # fmt: skip
+    follows = [event(f"f{i}", "follow", f"user{c}", star, t0 - timedelta(seconds=300 - MARGIN), None)
+               for i, c in enumerate("DE", 1)]  # fmt: skip
+    unknown = event("s1", "share", "userX", star, t0, "post-1")
+
+    job = Job(env, tmp_path / "job1.log", IMPORT, *args)
+    try:
+        send(settings, "herald.social-events", likes[:600] + comments + [unknown], "recipient_id")
+        produce(settings, "herald.social-events", [(star.encode(), b"not avro")])
+        wait_snapshot(recovery, 2, job)  # the like and comment keys are in a committed epoch
+    finally:
+        job.stop(signal.SIGKILL)
+    redelivered = likes[500:600]  # an upstream redelivery of ids already counted
+    send(settings, "herald.social-events", likes[600:] + redelivered + follows, "recipient_id")
+
+    job = Job(env, tmp_path / "job2.log", IMPORT, *args)
+    try:
+        requests = wait_for(
+            settings, REQUESTS, lambda rs: len(rs) >= 3, timeout=MARGIN + 30, job=job
+        )
+        time.sleep(2)  # a duplicate would be emitted right behind the first copies
+        requests = read(settings, REQUESTS)
+    finally:
+        output = job.stop()
+    assert_no_job_errors(output)
+
+    ids = [r["notification_id"] for r in requests]
+    assert len(ids) == 3 and len(set(ids)) == 3, ids
+    by_type = {r["notification_type"]: r for r in requests}
+    assert set(by_type) == {"social_like", "social_comment", "social_follow"}
+    like = by_type["social_like"]
+    assert like["params"]["digest_total"] == "1200"
+    assert json.loads(like["params"]["digest_actors"]) == ["user1", "user2", "user3"]
+    assert like["params"]["object_id"] == "post-1" and like["source"] == "digest"
+    assert like["recipients"] == {"user_ids": [star], "segment_id": None}
+    assert like["request_id"] == like["params"]["digest_window_id"]
+    assert by_type["social_comment"]["params"]["digest_total"] == "3"
+    assert by_type["social_follow"]["params"]["digest_total"] == "2"
+    letters = Counter(d["reason"] for d in read(settings, DEAD_LETTERS))
+    assert letters == {"unknown_event_type": 1, "bad_magic_byte": 1}

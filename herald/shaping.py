@@ -21,12 +21,17 @@ Budget (example: rate 10k/s, reserved 3k/s):
   wait for, and bulk drops to `rate - transactional usage` (never below `rate - cap`).
 - **OTP flood cap**: transactional also draws from its own bucket T (rate `transactional_cap`,
   default `reserved`), so a flood gets at most the cap and can't eat bulk's share.
-- **Tenant fairness**: each flow (class × tenant) has an exponentially averaged usage (time
-  constant `tenant_tau_s`). Its fair share is `(rate - transactional usage) / active flows` for
-  normal/bulk and `cap / active tenants` inside transactional (T's floor is 0 within the share,
-  half of T's depth above it). Flows within their share take priority; flows above it only get
-  what the others leave (work-conserving): one campaign cannot take the whole bulk budget, yet
-  a lone campaign still gets all of it. Normal-class flows compete with bulk flows as equals.
+- **Tenant fairness** (max-min): each flow (class × tenant) has an exponentially averaged usage
+  (tokens granted) and demand (tokens asked), time constant `tenant_tau_s`. The fair level is
+  water-filled over the active flows' demand: the pool (`rate - transactional usage` for
+  normal/bulk, `cap` inside transactional) is split equally, flows asking less than their split
+  keep what they ask and the rest is split again among the others (recomputed at most every
+  100 ms, O(k log k) for k active flows). Flows whose usage is below the level take priority
+  (floor L1; inside transactional, T's floor 0 instead of half its depth); flows at or above it
+  only get what the others leave (work-conserving): one campaign cannot take the whole bulk
+  budget, a light flow gets what it asks for at once, a lone campaign still gets everything.
+  Normal-class flows compete with bulk flows as equals; the number of processes a tenant runs
+  does not buy it a larger share.
 
 `acquire(provider, traffic_class, tenant, n)` grants up to `n` tokens in one round trip (a sink
 takes its whole batch at once) and says how long to wait before the rest may be available.
@@ -91,20 +96,45 @@ if class == 'transactional' then set = KEYS[3] end
 local flow = class .. ':' .. tenant
 local cutoff = string.format('%.3f', now * 1000 - idle_ms)
 local stale = redis.call('ZRANGEBYSCORE', set, '-inf', '(' .. cutoff)
-for _, f in ipairs(stale) do redis.call('HDEL', KEYS[1], 'u:' .. f, 'ut:' .. f) end
+for _, f in ipairs(stale) do redis.call('HDEL', KEYS[1], 'u:' .. f, 'a:' .. f, 'ut:' .. f) end
 if #stale > 0 then redis.call('ZREMRANGEBYSCORE', set, '-inf', '(' .. cutoff) end
 redis.call('ZADD', set, string.format('%.3f', now * 1000), flow)
-local k = redis.call('ZCARD', set)
-local fu = redis.call('HMGET', KEYS[1], 'u:' .. flow, 'ut:' .. flow)
-local u_f = decay(fu[1], fu[2])
+local fu = redis.call('HMGET', KEYS[1], 'u:' .. flow, 'a:' .. flow, 'ut:' .. flow)
+local u_f, a_f = decay(fu[1], fu[3]), decay(fu[2], fu[3]) + n / tau
+
+-- Max-min fair level of the active flows of `set` sharing `pool`: water-filling over their
+-- demand (averaged tokens asked; a backlogged flow asks again and again, so its demand is
+-- never mistaken for satisfied). Recomputed at most every 100 ms per class, cached.
+local function fair_level(pool, field)
+  local c = redis.call('HMGET', KEYS[1], field, field .. '_at')
+  if c[1] and c[2] and now - tonumber(c[2]) < 0.1 then return tonumber(c[1]) end
+  local flows = redis.call('ZRANGE', set, 0, -1)
+  local fields = {}
+  for _, f in ipairs(flows) do
+    fields[#fields + 1] = 'a:' .. f
+    fields[#fields + 1] = 'ut:' .. f
+  end
+  local vals = redis.call('HMGET', KEYS[1], unpack(fields))
+  local demand = {}
+  for i = 1, #flows do demand[i] = decay(vals[2 * i - 1], vals[2 * i]) end
+  table.sort(demand)
+  local level, remaining = pool, pool
+  for i, d in ipairs(demand) do
+    local split = remaining / (#demand - i + 1)
+    if d >= split then level = split break end
+    remaining = remaining - d
+  end
+  redis.call('HSET', KEYS[1], field, f6(level), field .. '_at', f6(now))
+  return level
+end
 
 local gfloor, tfloor, avail = l2, 0, 0
 if class == 'transactional' then
   if reserved > 0 and u_tr <= reserved * 1.1 then gfloor = 0 end
-  if u_f >= cap / k then tfloor = tmax / 2 end
+  if u_f >= fair_level(cap, 'lvl_t') then tfloor = tmax / 2 end
   avail = math.min(g - gfloor, tk - tfloor)
 else
-  if u_f < math.max(rate - math.min(u_tr, cap), 0) / k then gfloor = l1 end
+  if u_f < fair_level(math.max(rate - math.min(u_tr, cap), 0), 'lvl_b') then gfloor = l1 end
   avail = g - gfloor
 end
 local granted = math.max(0, math.min(n, math.floor(avail)))
@@ -117,7 +147,7 @@ if granted > 0 then
   end
 end
 redis.call('HSET', KEYS[1], 'g', f6(g), 't', f6(tk), 'ts', f6(now), 'ut', f6(u_tr),
-  'utt', f6(now), 'u:' .. flow, f6(u_f), 'ut:' .. flow, f6(now))
+  'utt', f6(now), 'u:' .. flow, f6(u_f), 'a:' .. flow, f6(a_f), 'ut:' .. flow, f6(now))
 local ttl = math.max(math.floor(idle_ms * 10), 3600000)
 for i = 1, 3 do redis.call('PEXPIRE', KEYS[i], ttl) end
 local wait = 0

@@ -235,10 +235,10 @@ def test_bulk_borrows_the_idle_reserve_and_gives_it_back(url: str) -> None:
         idle = live_windows([bulk_calls], 0.5, 2.0)
         assert rate_in(bulk_calls, idle) >= 0.95 * RATE.rate
         # ... it holds its full reserve in every live window from 0.25 s after it rose ...
-        for span in live_windows([[otp_calls]], 2.25, 4.0):
+        for span in live_windows([[otp_calls]], 2.25, 3.75, width=0.5):
             assert rate_in([otp_calls], [span]) >= 0.9 * RATE.reserved, span
         # ... and bulk gave the reserve back.
-        busy = live_windows([bulk_calls, [otp_calls]], 2.5, 4.0)
+        busy = live_windows([bulk_calls, [otp_calls]], 2.5, 3.75)
         assert rate_in(bulk_calls, busy) <= 1.05 * (RATE.rate - RATE.reserved)
         assert rate_in(bulk_calls, busy) >= 0.93 * (RATE.rate - RATE.reserved)
 
@@ -255,10 +255,11 @@ def test_one_campaign_cannot_take_the_whole_bulk_budget(url: str) -> None:
         # A light flow (below its fair share) gets what it asks for at once despite the
         # campaigns (once the usage averages have settled, ~tenant_tau_s).
         assert p90_ms(latency[-1], after=1.0) <= 50
-        # Three processes for "big", one for "small": still about even (max-min fair).
+        # Three processes for "big", one for "small": even all the same (max-min fair: each
+        # gets half of what the light flow leaves, ~900/s).
         spans = live_windows([big_calls, [small_calls]], 1.0, 3.5)
         big_rate, small_rate = rate_in(big_calls, spans), rate_in([small_calls], spans)
-        assert small_rate >= 0.4 * (big_rate + small_rate), (big_rate, small_rate)
+        assert 0.4 <= small_rate / (big_rate + small_rate) <= 0.6, (big_rate, small_rate)
         assert rate_in(calls, spans) >= 0.95 * RATE.rate
 
     scenario(url, [*big, small, social], check)
@@ -288,11 +289,12 @@ def test_acquire_partial_grant_and_wait(url: str, prefix: str) -> None:
 
 
 def test_snapshot_exposes_tokens_and_usage(url: str, prefix: str) -> None:
-    shaper = RateShaper(redis.Redis.from_url(url), {"fcm": RATE}, prefix=prefix)
+    slow = ProviderRate(rate=10.0, reserved=3.0, burst_s=10.0)  # depth 100, refills 0.01/ms
+    shaper = RateShaper(redis.Redis.from_url(url), {"fcm": slow}, prefix=prefix)
     shaper.acquire("fcm", "transactional", "otp", 10)
     shaper.acquire("fcm", "bulk", "camp", 20)
     snap = shaper.snapshot("fcm")
-    assert snap.tokens <= RATE.depth - 25
+    assert 70 <= snap.tokens < 75 and 20 <= snap.transactional_tokens < 22
     assert snap.transactional_usage > 0
     assert set(snap.flow_usage) == {"transactional:otp", "bulk:camp"}
     client = redis.Redis.from_url(url)

@@ -1,0 +1,313 @@
+"""receipts: provider receipts → delivery state that never goes backwards.
+
+    herald.receipts.raw (raw_receipt)  -> normalize per provider (herald.receipts)
+        hinted (delivery id in payload) ─────────────────────────────┐
+        by provider_msg_id -> join_msg_id (MsgJoin: held until the   │
+            PROVIDER_ACCEPTED record names the delivery, TTL)        ├─> fold_delivery
+    herald.delivery-events (every job's events, this one's too) ─────┘   (DeliveryFold, key
+                                                                          delivery_id)
+    fold_delivery -> new delivery_events (DELIVERED, READ, OPENED, CLICKED, FAILED_PERMANENT,
+                     DELIVERY_UNKNOWN ...) -> herald.delivery-events
+                  -> hot status, compare-and-set in Redis (herald.status_keys)
+                  -> every receipt event with its outcome -> ClickHouse receipt_events
+                  -> receipts no delivery claimed within the TTL -> herald.dead-letters
+                     (reason receipt_unmatched; `herald replay` re-drives them)
+    unparseable raw receipts -> herald.dead-letters; the job keeps going
+
+Run: `python -m bytewax.run "dataflows.receipts:build_flow()"` (HERALD_* env; tuning in
+HERALD_RECEIPTS_*; /metrics on HERALD_METRICS_PORT when set).
+
+At-least-once everywhere: emitted events have deterministic ids (`ids.event_id(delivery_id,
+state, attempt)`), receipt rows dedupe on provider_event_id, Redis writes are compare-and-set.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import bytewax.operators as op
+from bytewax.dataflow import Dataflow
+from bytewax.operators import StatefulLogic
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from dataflows._common import produce_with_dead_letters
+from herald.config import HeraldSettings
+from herald.delivery_fold import DeliveryFold, Emit, Fact, FoldConfig, MsgJoin, Unmatched
+from herald.metrics import JobMetrics, MetricsSettings, serve_metrics
+from herald.receipts import BadReceipt, ReceiptEvent, join_key, normalize
+from herald.status_keys import StatusUpdate
+from schemas.registry import make_registry
+from sinks.clickhouse import ClickHouseSink
+from sinks.kafka import dead_letter, encode_avro, topic_serializer
+from sinks.redis_status import StatusSink
+from sources.kafka import Decoded, kafka_avro_input
+
+JOB = "receipts"
+RAW_TOPIC = "herald.receipts.raw"
+EVENTS_TOPIC = "herald.delivery-events"
+FACTS_TABLE = "receipt_events"
+FACT_COLUMNS = (
+    "provider_event_id", "provider", "receipt_id", "provider_msg_id", "delivery_id",
+    "notification_id", "tenant_id", "channel", "status", "state", "reason", "outcome",
+    "occurred_at", "received_at", "recorded_at", "attributes", "version",
+)  # fmt: skip
+
+log = logging.getLogger(__name__)
+
+
+class ReceiptsSettings(BaseSettings):
+    """Tuning of the receipts job (env HERALD_RECEIPTS_*)."""
+
+    model_config = SettingsConfigDict(env_prefix="HERALD_RECEIPTS_")
+
+    hold_ttl_s: float = 3600.0  # a receipt waits this long for its send record
+    state_ttl_s: float = 7 * 86400.0  # per-delivery state kept this long after its last event
+    # Per-channel observation window overrides in seconds, e.g. {"sms": 259200}.
+    observation_windows_s: dict[str, float] = {}
+
+    def fold_config(self) -> FoldConfig:
+        base = FoldConfig()
+        windows = dict(base.windows)
+        windows.update({c: timedelta(seconds=s) for c, s in self.observation_windows_s.items()})
+        return FoldConfig(
+            hold_ttl=timedelta(seconds=self.hold_ttl_s),
+            state_ttl=timedelta(seconds=self.state_ttl_s),
+            windows=windows,
+        )
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+class _JoinLogic(StatefulLogic[tuple[str, Any], Any, MsgJoin]):
+    """Bytewax adapter of `MsgJoin`; items ("pa", delivery_id) | ("rc", ReceiptEvent)."""
+
+    def __init__(self, cfg: FoldConfig, state: MsgJoin | None) -> None:
+        self.cfg = cfg
+        self.state = state or MsgJoin()
+
+    def on_item(self, value: tuple[str, Any]) -> tuple[list[Any], bool]:
+        kind, item = value
+        now = _now()
+        if kind == "pa":
+            out = self.state.on_accepted(item, now, self.cfg)
+        else:
+            out = self.state.on_receipt(item, now, self.cfg)
+        return [("route", d, ev) for d, ev in out], self.RETAIN
+
+    def on_notify(self) -> tuple[list[Any], bool]:
+        now = _now()
+        gone = self.state.on_timer(now)
+        return [("unmatched", u) for u in gone], self.state.expired(now)
+
+    def notify_at(self) -> datetime | None:
+        return self.state.next_at()
+
+    def snapshot(self) -> MsgJoin:
+        return MsgJoin(self.state.delivery_id, self.state.mapped_until, list(self.state.held))
+
+
+class _FoldLogic(StatefulLogic[tuple[str, Any], Any, DeliveryFold]):
+    """Bytewax adapter of `DeliveryFold`; items ("ev", delivery_event) | ("rc", ReceiptEvent)."""
+
+    def __init__(self, cfg: FoldConfig, state: DeliveryFold | None) -> None:
+        self.cfg = cfg
+        self.state = state or DeliveryFold()
+
+    def on_item(self, value: tuple[str, Any]) -> tuple[list[Any], bool]:
+        kind, item = value
+        if kind == "ev":
+            return self.state.on_event(item, _now(), self.cfg), self.RETAIN
+        return self.state.on_receipt(item, _now(), self.cfg), self.RETAIN
+
+    def on_notify(self) -> tuple[list[Any], bool]:
+        now = _now()
+        out = self.state.on_timer(now, self.cfg)
+        return out, self.state.expired(now)
+
+    def notify_at(self) -> datetime | None:
+        return self.state.next_at()
+
+    def snapshot(self) -> DeliveryFold:
+        return self.state.snapshot()
+
+
+class _Normalizer:
+    """Decoded raw receipt -> list of ReceiptEvent | dead-letter dict (counted)."""
+
+    def __init__(self, metrics: JobMetrics) -> None:
+        self.metrics = metrics
+
+    def __call__(self, decoded: Decoded) -> list[Any]:
+        msg = decoded.message
+        try:
+            events = normalize(decoded.value)
+        except BadReceipt as exc:
+            log.warning("receipts.unparseable provider=%s reason=%s offset=%d",
+                        decoded.value.get("provider"), exc.reason, msg.offset)  # fmt: skip
+            self.metrics.dead_letter(exc.reason)
+            return [msg.dead_letter(exc.reason, exc.detail, JOB)]
+        ref = f"{msg.topic}/{msg.partition}/{msg.offset}"
+        return [_with_ref(ev, ref) for ev in events]
+
+
+def _with_ref(ev: ReceiptEvent, ref: str) -> ReceiptEvent:
+    from dataclasses import replace
+
+    return replace(ev, attributes={**ev.attributes, "raw_ref": ref})
+
+
+def _route(ev: ReceiptEvent) -> tuple[str, str]:
+    """("hint", delivery_id) | ("msg", join key) | ("none", "")."""
+    if ev.delivery_hint:
+        return "hint", ev.delivery_hint
+    if ev.provider_msg_id:
+        return "msg", join_key(ev.provider, ev.provider_msg_id)
+    return "none", ""
+
+
+class _Unmatcher:
+    """An unmatched receipt -> its dead letter (the event's own raw_receipt, re-drivable)."""
+
+    def __init__(self, settings: HeraldSettings, metrics: JobMetrics) -> None:
+        registry = make_registry(settings.registry)
+        self.serializer = topic_serializer(settings.kafka, registry, RAW_TOPIC)
+        self.topic = settings.kafka.topic(RAW_TOPIC)
+        self.metrics = metrics
+
+    def __call__(self, ev: ReceiptEvent) -> dict[str, Any]:
+        self.metrics.receipt(ev.provider, "unmatched")
+        log.info("receipts.unmatched provider=%s provider_event_id=%s",
+                 ev.provider, ev.provider_event_id)  # fmt: skip
+        value = self.serializer({
+            "receipt_id": ev.receipt_id, "provider": ev.provider, "received_at": ev.received_at,
+            "content_type": ev.content_type, "headers": dict(ev.headers), "body": ev.payload,
+            "signature_valid": True, "remote_addr": None,
+        })  # fmt: skip
+        return dead_letter(
+            source_topic=self.topic, reason="receipt_unmatched", job=JOB, key=ev.provider,
+            value=value, detail=f"no delivery for {ev.provider} message within the hold TTL",
+            delivery_id=ev.delivery_hint,
+        )  # fmt: skip
+
+
+def _count(metrics: JobMetrics):  # type: ignore[no-untyped-def]
+    def inspect(_step: str, item: Any) -> None:
+        if isinstance(item, Emit):
+            metrics.event(item.event["state"])
+        elif isinstance(item, Fact):
+            metrics.receipt(item.row["provider"], item.row["outcome"])
+
+    return inspect
+
+
+def build_flow(
+    settings: HeraldSettings | None = None,
+    *,
+    bounded: bool = False,
+    receipts: ReceiptsSettings | None = None,
+) -> Dataflow:
+    """The receipts job. Without `settings` (entry point) it reads the environment, configures
+    logging and serves /metrics when HERALD_METRICS_PORT is set.
+
+    `bounded=True` stops at the current end of both input topics (tests, backfills).
+    """
+    if settings is None:
+        logging.basicConfig(
+            level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s"
+        )
+        settings = HeraldSettings()
+        serve_metrics(MetricsSettings())
+    cfg = (receipts or ReceiptsSettings()).fold_config()
+    metrics = JobMetrics(JOB)
+    registry = make_registry(settings.registry)
+    kafka = settings.kafka
+    flow = Dataflow(JOB)
+
+    raw = kafka_avro_input(
+        "receipts_in", flow, settings=settings, topics=(RAW_TOPIC,), registry=registry,
+        reader_schema="raw_receipt", job=JOB, stop_at_end=bounded,
+    )  # fmt: skip
+    # oks: Decoded(raw_receipt); errs: dead_letter dict
+    normalized = op.flat_map("normalize", raw.oks, _Normalizer(metrics))
+    # ReceiptEvent | dead_letter dict
+    parsed = op.branch("parsed", normalized, lambda x: isinstance(x, ReceiptEvent))
+    routed = op.map("route", parsed.trues, lambda ev: (_route(ev), ev))
+    # ((route kind, key), ReceiptEvent)
+    hinted = op.filter("hinted", routed, lambda r: r[0][0] == "hint")
+    by_msg = op.filter("by_msg_id", routed, lambda r: r[0][0] == "msg")
+    keyless = op.filter_map("keyless", routed, lambda r: r[1] if r[0][0] == "none" else None)
+    # ReceiptEvent without delivery hint nor message id: unmatched at once
+
+    events_in = kafka_avro_input(
+        "events_in", flow, settings=settings, topics=(EVENTS_TOPIC,), registry=registry,
+        reader_schema="delivery_event", job=JOB, stop_at_end=bounded,
+    )  # fmt: skip
+    events = op.filter_map(
+        "delivery_level", events_in.oks, lambda d: d.value if d.value["channel"] else None
+    )
+    # delivery_event dict of one delivery (request-level ACCEPTED events skipped)
+    accepted = op.filter_map("provider_accepted", events, _accepted_key)
+    # (join key, ("pa", delivery_id))
+    receipts_by_msg = op.map("tag_by_msg", by_msg, lambda r: (r[0][1], ("rc", r[1])))
+    joined = op.stateful(
+        "join_msg_id", op.merge("join_in", accepted, receipts_by_msg),
+        lambda state: _JoinLogic(cfg, state),
+    )  # fmt: skip
+    # (join key, ("route", delivery_id, ReceiptEvent) | ("unmatched", Unmatched))
+    join_out = op.branch("join_routed", op.key_rm("join_unkey", joined), lambda x: x[0] == "route")
+    receipts_joined = op.map("tag_joined", join_out.trues, lambda x: (x[1], ("rc", x[2])))
+    receipts_hinted = op.map("tag_hinted", hinted, lambda r: (r[0][1], ("rc", r[1])))
+    events_keyed = op.map("tag_events", events, lambda e: (e["delivery_id"], ("ev", e)))
+    folded = op.stateful(
+        "fold_delivery",
+        op.merge("fold_in", events_keyed, receipts_hinted, receipts_joined),
+        lambda state: _FoldLogic(cfg, state),
+    )  # fmt: skip
+    # (delivery_id, Emit | StatusUpdate | Fact | Unmatched)
+    outputs = op.key_rm("fold_unkey", folded)
+    op.inspect("count", outputs, _count(metrics))
+
+    emitted = op.filter_map("emitted", outputs, lambda o: o.event if isinstance(o, Emit) else None)
+    encoded = encode_avro(
+        "encode_events", emitted, serializer=topic_serializer(kafka, registry, EVENTS_TOPIC),
+        topic=kafka.topic(EVENTS_TOPIC), key=lambda e: str(e["delivery_id"]), job=JOB,
+    )  # fmt: skip
+    statuses = op.filter("statuses", outputs, lambda o: isinstance(o, StatusUpdate))
+    op.output("status_out", statuses, StatusSink(settings.redis))
+    facts = op.filter_map("facts", outputs, lambda o: o.row if isinstance(o, Fact) else None)
+
+    unmatched = op.merge(
+        "unmatched",
+        keyless,
+        op.map("join_unmatched", join_out.falses, lambda x: x[1].event),
+        op.filter_map(
+            "fold_unmatched", outputs, lambda o: o.event if isinstance(o, Unmatched) else None
+        ),  # fmt: skip
+    )
+    # ReceiptEvent nobody claimed
+    unmatched_rows = op.map("unmatched_rows", unmatched, _unmatched_row)
+    op.output("facts_out", op.merge("all_facts", facts, unmatched_rows),
+              ClickHouseSink(settings.clickhouse, FACTS_TABLE, FACT_COLUMNS))  # fmt: skip
+    letters = op.map("unmatched_letters", unmatched, _Unmatcher(settings, metrics))
+    dead = op.merge("dead_letters", raw.errs, parsed.falses, events_in.errs, encoded.errs, letters)
+    # dead_letter dict
+    produce_with_dead_letters("kafka_out", encoded.oks, dead, kafka=kafka, registry=registry)
+    return flow
+
+
+def _accepted_key(event: dict[str, Any]) -> tuple[str, tuple[str, str]] | None:
+    if event["state"] != "PROVIDER_ACCEPTED" or not event.get("provider"):
+        return None
+    if not event.get("provider_msg_id"):
+        return None
+    return join_key(event["provider"], event["provider_msg_id"]), ("pa", event["delivery_id"])
+
+
+def _unmatched_row(ev: ReceiptEvent) -> dict[str, Any]:
+    from herald.delivery_fold import fact_row
+
+    return fact_row(ev, "unmatched", _now())

@@ -1,0 +1,79 @@
+"""warehouse: every delivery event on Kafka into ClickHouse.
+
+    herald.delivery-events (Avro delivery_event, every job's events)
+        -> ClickHouse herald.delivery_events (and through its materialized views:
+           delivery_state, funnel_minute, latency_samples)
+    undecodable records -> herald.dead-letters with their reason; the job keeps going
+
+Run: `python -m bytewax.run "dataflows.warehouse:build_flow()"` (settings from HERALD_* env;
+/metrics on HERALD_METRICS_PORT when set).
+
+Idempotency: at-least-once. A record re-read after a restart is inserted again with the same
+event_id; delivery_events collapses it (ReplacingMergeTree keyed by event_id, read with FINAL)
+and the views count distinct ids, so nothing is counted twice. This is the one loader of
+delivery_events: jobs publish events to Kafka and need no ClickHouse client of their own.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import bytewax.operators as op
+from bytewax.dataflow import Dataflow
+
+from dataflows.accepted import event_columns
+from herald.config import HeraldSettings
+from herald.metrics import JobMetrics, MetricsSettings, serve_metrics
+from schemas.registry import make_registry
+from sinks.clickhouse import ClickHouseSink
+from sinks.kafka import KafkaProducerSink, kafka_output, to_dead_letter_topic
+from sources.kafka import Decoded, kafka_avro_input
+
+JOB = "warehouse"
+EVENTS_TOPIC = "herald.delivery-events"
+EVENTS_TABLE = "delivery_events"
+
+
+class _Rows:
+    """Decoded delivery_event -> ClickHouse row (the Avro record, same column names)."""
+
+    def __init__(self, metrics: JobMetrics) -> None:
+        self.metrics = metrics
+
+    def __call__(self, decoded: Decoded) -> dict[str, Any]:
+        row = decoded.value
+        self.metrics.event(str(row["state"]))
+        return row
+
+
+def build_flow(settings: HeraldSettings | None = None, *, bounded: bool = False) -> Dataflow:
+    """The warehouse job. Without `settings` (entry point) it reads the environment, configures
+    logging and serves /metrics when HERALD_METRICS_PORT is set.
+
+    `bounded=True` stops at the current end of the topic (tests, backfills).
+    """
+    if settings is None:
+        logging.basicConfig(
+            level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s"
+        )
+        settings = HeraldSettings()
+        serve_metrics(MetricsSettings())
+    metrics = JobMetrics(JOB)
+    registry = make_registry(settings.registry)
+    flow = Dataflow(JOB)
+    events = kafka_avro_input(
+        "events_in", flow, settings=settings, topics=(EVENTS_TOPIC,), registry=registry,
+        reader_schema="delivery_event", job=JOB, stop_at_end=bounded,
+    )  # fmt: skip
+    # oks: Decoded(delivery_event); errs: dead_letter dict
+    rows = op.map("to_row", events.oks, _Rows(metrics))
+    # delivery_event dict == delivery_events row
+    op.output("clickhouse_out", rows, ClickHouseSink(settings.clickhouse, EVENTS_TABLE,
+                                                     event_columns()))  # fmt: skip
+    letters = to_dead_letter_topic(
+        "dead_letters_out", events.errs, kafka=settings.kafka, registry=registry
+    )
+    # KafkaRecord for herald.dead-letters
+    kafka_output("produce", letters, KafkaProducerSink(settings.kafka))
+    return flow

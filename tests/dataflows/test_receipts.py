@@ -1,0 +1,221 @@
+"""The receipts job against real Kafka, Redis and ClickHouse: in-process (bounded) and as the
+process `herald up` runs, with out-of-order, duplicated, early and unmatched receipts."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+import orjson
+import pytest
+import redis
+from bytewax.testing import run_main
+
+from dataflows.receipts import ReceiptsSettings, build_flow
+from herald import ids
+from herald.config import HeraldSettings
+from herald.status_keys import status_key
+from infra.clickhouse import herald_client
+from tests.dataflows.helpers import consume, decoder, encoder, produce
+from tests.dataflows.test_accepted import Job, assert_no_job_errors
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+EVENTS = "herald.delivery-events"
+RAW = "herald.receipts.raw"
+
+
+class World:
+    """Deliveries and receipts of one test (ids prefixed by the test's topic prefix)."""
+
+    def __init__(self, settings: HeraldSettings) -> None:
+        self.settings = settings
+        self.p = settings.kafka.topic_prefix
+        self.nid = f"{self.p}n"
+        self.tenant = f"{self.p}tenant"
+        self.enc_event = encoder(settings, EVENTS)
+        self.enc_raw = encoder(settings, RAW)
+        self.now = datetime.now(UTC).replace(microsecond=0)
+
+    def d(self, name: str) -> str:
+        return f"{self.p}{name}"
+
+    def accepted(self, name: str, channel: str, provider: str, msg_id: str) -> None:
+        """dispatch's PROVIDER_ACCEPTED event for delivery `name`."""
+        delivery = self.d(name)
+        event = {
+            "event_id": ids.event_id(delivery, "PROVIDER_ACCEPTED", 1), "delivery_id": delivery,
+            "notification_id": self.nid, "user_id": "u-1", "tenant_id": self.tenant,
+            "notification_type": "order_shipped", "channel": channel, "traffic_class": "normal",
+            "state": "PROVIDER_ACCEPTED", "reason": None, "provider": provider,
+            "provider_msg_id": msg_id, "attempt": 1, "latency_ms": 250,
+            "occurred_at": self.now, "recorded_at": self.now, "attributes": {},
+        }  # fmt: skip
+        produce(self.settings, EVENTS, [(delivery.encode(), self.enc_event(event))])
+
+    def receipt(self, provider: str, body: bytes, ctype: str, **headers: str) -> None:
+        record = {
+            "receipt_id": f"rc-{time.monotonic_ns()}", "provider": provider,
+            "received_at": datetime.now(UTC), "content_type": ctype, "headers": headers,
+            "body": body, "signature_valid": True, "remote_addr": None,
+        }  # fmt: skip
+        produce(self.settings, RAW, [(provider.encode(), self.enc_raw(record))])
+
+    def twilio(self, sid: str, status: str) -> None:
+        form = {"MessageSid": sid, "MessageStatus": status, "To": "+15550100", "ApiVersion": "x"}
+        token = f"{sid}:{status}"  # Twilio repeats the token when it repeats a webhook
+        self.receipt("sms_a", urlencode(form).encode(), "application/x-www-form-urlencoded",
+                     **{"i-twilio-idempotency-token": token})  # fmt: skip
+
+    def sendgrid(self, msg_id: str, delivery: str, *events: str) -> None:
+        batch = [
+            {"email": "a@example.com", "event": e, "sg_event_id": f"{msg_id}-{e}",
+             "sg_message_id": f"{msg_id}.recvd-1-0", "timestamp": int(self.now.timestamp()),
+             "delivery_id": self.d(delivery)}
+            for e in events
+        ]  # fmt: skip
+        self.receipt("email", orjson.dumps(batch), "application/json")
+
+    def emitted(self) -> dict[str, list[dict[str, Any]]]:
+        """Events this job appended, by delivery id (the PROVIDER_ACCEPTED inputs left out)."""
+        decode = decoder(self.settings)
+        out: dict[str, list[dict[str, Any]]] = {}
+        for _k, value in consume(self.settings, EVENTS):
+            event = decode(value)
+            if event["attributes"].get("source") == "receipts":
+                out.setdefault(event["delivery_id"], []).append(event)
+        return out
+
+    def status(self) -> dict[str, str]:
+        client = redis.Redis.from_url(self.settings.redis.url)
+        try:
+            raw = client.hgetall(status_key(self.nid))
+        finally:
+            client.close()
+        return {k.decode(): orjson.loads(v)["state"] for k, v in raw.items()}
+
+    def facts(self) -> list[tuple[str, str, str, str]]:
+        client = herald_client(self.settings.clickhouse)
+        try:
+            rows = client.query(
+                "SELECT provider, status, outcome, delivery_id FROM receipt_events FINAL"
+                " WHERE receipt_id != '' AND (tenant_id = {t:String} OR (tenant_id = ''"
+                " AND provider_msg_id LIKE {p:String})) ORDER BY provider, status, outcome",
+                parameters={"t": self.tenant, "p": f"{self.p}%"},
+            ).result_rows
+        finally:
+            client.close()
+        return [tuple(r) for r in rows]  # type: ignore[misc]
+
+
+class FlowJob(Job):
+    """`python -m bytewax.run <import_str>` as a real process (Job's stop and output)."""
+
+    def __init__(self, import_str: str, env: dict[str, str], *args: str) -> None:
+        argv = [sys.executable, "-m", "bytewax.run", import_str, *args]
+        self.proc = subprocess.Popen(
+            argv, cwd=REPO, env={**env, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+
+
+def wait_for(check: Callable[[], bool], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.3)
+
+
+def test_out_of_order_and_duplicated_receipts_bounded(settings: HeraldSettings) -> None:
+    """delivered -> sent -> delivered, and the same SendGrid webhook three times."""
+    w = World(settings)
+    w.twilio(f"{w.p}SM1", "delivered")  # before its send record: held, then joined
+    w.accepted("sms-1", "sms", "sms_a", f"{w.p}SM1")
+    w.accepted("mail-1", "email", "email", f"{w.p}MSG1")
+    w.twilio(f"{w.p}SM1", "sent")
+    w.twilio(f"{w.p}SM1", "delivered")
+    for _ in range(3):
+        w.sendgrid(f"{w.p}MSG1", "mail-1", "processed", "delivered", "open")
+    w.receipt("sms_a", b"\x00garbage", "application/x-www-form-urlencoded")
+
+    run_main(
+        build_flow(settings, bounded=True, receipts=ReceiptsSettings()),
+        epoch_interval=timedelta(milliseconds=200),
+    )
+
+    emitted = w.emitted()
+    sms, mail = w.d("sms-1"), w.d("mail-1")
+    assert [e["state"] for e in emitted[sms]] == ["DELIVERED"]
+    assert [e["state"] for e in emitted[mail]] == ["DELIVERED", "OPENED"]
+    assert emitted[sms][0]["event_id"] == ids.event_id(sms, "DELIVERED", 1)
+    assert emitted[sms][0]["latency_ms"] is not None
+    assert w.status() == {sms: "DELIVERED", mail: "OPENED"}
+    facts = w.facts()
+    assert ("sms_a", "sent", "stale", sms) in facts
+    assert ("sms_a", "delivered", "applied", sms) in facts
+    assert [f for f in facts if f[0] == "email"] == [
+        ("email", "delivered", "applied", mail),
+        ("email", "open", "applied", mail),
+        ("email", "processed", "duplicate", mail),  # PROVIDER_ACCEPTED was already the state
+    ]
+    letters = [decoder(settings)(v) for _k, v in consume(settings, "herald.dead-letters")]
+    assert [(d["job"], d["reason"]) for d in letters] == [("receipts", "unparseable_receipt")]
+
+
+def test_job_process_holds_expires_and_watches(
+    settings: HeraldSettings, subprocess_env: dict[str, str]
+) -> None:
+    """The real process: early receipt joined, unmatched one dead-lettered (re-drivable),
+    DELIVERY_UNKNOWN after the observation window, Vonage DLR joined by its client-ref."""
+    env = {
+        **subprocess_env, "HERALD_RECEIPTS_HOLD_TTL_S": "2",
+        "HERALD_RECEIPTS_OBSERVATION_WINDOWS_S": '{"sms": 3}',
+    }  # fmt: skip
+    job = FlowJob("dataflows.receipts:build_flow()", env, "-s", "1")
+    w = World(settings)
+    try:
+        w.twilio(f"{w.p}SM2", "delivered")
+        w.twilio(f"{w.p}SM-none", "delivered")  # nobody ever sent this
+        time.sleep(0.5)
+        w.accepted("sms-2", "sms", "sms_a", f"{w.p}SM2")
+        w.accepted("sms-3", "sms", "sms_a", f"{w.p}SM3")  # no receipt: DELIVERY_UNKNOWN
+        w.accepted("sms-4", "sms", "sms_b", f"{w.p}V4")
+        dlr = {"messageId": f"{w.p}V4-part2", "status": "delivered", "err-code": "0",
+               "client-ref": w.d("sms-4"), "msisdn": "447700900000"}  # fmt: skip
+        w.receipt("sms_b", urlencode(dlr).encode(), "application/x-www-form-urlencoded")
+
+        expected = {w.d("sms-2"): "DELIVERED", w.d("sms-3"): "DELIVERY_UNKNOWN",
+                    w.d("sms-4"): "DELIVERED"}  # fmt: skip
+        wait_for(lambda: w.status() == expected)
+        letters: list[dict[str, Any]] = []
+
+        def unmatched() -> bool:
+            letters[:] = [
+                decoder(settings)(v) for _k, v in consume(settings, "herald.dead-letters")
+            ]
+            return bool(letters)
+
+        wait_for(unmatched)
+        assert job.proc.poll() is None, "the job keeps running"
+    finally:
+        output = job.stop()
+    assert_no_job_errors(output)
+    [letter] = letters
+    assert (letter["reason"], letter["source_topic"]) == (
+        "receipt_unmatched",
+        settings.kafka.topic(RAW),
+    )
+    again = decoder(settings)(letter["value"])  # the receipt itself, ready to re-drive
+    assert again["provider"] == "sms_a" and b"SM-none" in again["body"]
+    unknown = w.emitted()[w.d("sms-3")]
+    assert [(e["state"], e["reason"]) for e in unknown] == [
+        ("DELIVERY_UNKNOWN", "no_receipt_in_window")
+    ]
+    wait_for(lambda: ("sms_a", "delivered", "unmatched", "") in w.facts())

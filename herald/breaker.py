@@ -47,6 +47,7 @@ __all__ = [
 ]
 
 _SCRIPT = """
+if redis.replicate_commands then redis.replicate_commands() end  -- TIME, then writes (Redis < 5)
 local op = ARGV[1]
 local window_ms, bucket_ms = tonumber(ARGV[2]), tonumber(ARGV[3])
 local min_volume, max_rate = tonumber(ARGV[4]), tonumber(ARGV[5])

@@ -33,6 +33,10 @@ Budget (example: rate 10k/s, reserved 3k/s):
   Normal-class flows compete with bulk flows as equals; the number of processes a tenant runs
   does not buy it a larger share.
 
+Redis: any version with Lua and `TIME` in scripts (effects replication, default since 5.0);
+Cluster-safe (all keys of a provider share its hash tag). Beyond 2000 active flows in a class
+the fair level falls back to an equal split.
+
 `acquire(provider, traffic_class, tenant, n)` grants up to `n` tokens in one round trip (a sink
 takes its whole batch at once) and says how long to wait before the rest may be available.
 Batches should stay well below the bucket depth (`rate * burst_s`). All processes must use the
@@ -56,6 +60,7 @@ TrafficClass = Literal["transactional", "normal", "bulk"]
 _CLASSES = ("transactional", "normal", "bulk")
 
 _SCRIPT = """
+if redis.replicate_commands then redis.replicate_commands() end  -- TIME, then writes (Redis < 5)
 local mode, class, tenant, n = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
 local rate, reserved, cap = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local burst_s, tau, idle_ms = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
@@ -109,6 +114,7 @@ local function fair_level(pool, field)
   local c = redis.call('HMGET', KEYS[1], field, field .. '_at')
   if c[1] and c[2] and now - tonumber(c[2]) < 0.1 then return tonumber(c[1]) end
   local flows = redis.call('ZRANGE', set, 0, -1)
+  if #flows > 2000 then return pool / #flows end  -- unpack() limit: plain equal split
   local fields = {}
   for _, f in ipairs(flows) do
     fields[#fields + 1] = 'a:' .. f

@@ -15,7 +15,13 @@ Each injects latency, an error mix, a rate limit, timeouts after accept, always-
 always-dead addresses, and (SMS, email) delayed/duplicated/out-of-order signed receipts; all of it
 configurable at start and at run time (`POST /_admin/config`). Credentials a client needs are
 written to `<state-dir>/credentials.json`. `infra.simulators.launcher` starts one as a managed
-subprocess for tests and the embedded stack.
+subprocess for tests and the embedded stack; `infra.simulators.recorder` records callbacks in
+tests; `python -m infra.simulators.loadtest` measures ApnsClient sends/s against one simulator.
+
+Server: Granian (Rust/hyper, HTTP/1.1 + HTTP/2 + TLS) embedded in the simulator's event loop,
+with a bare RSGI handler. Measured here (2 cores, shared): one APNs simulator answers
+~12-18k req/s over HTTP/2+TLS with JWT checks (~45-55 µs CPU per request); the HTTP/1.1
+simulators ~5-8k req/s (60-95 µs per request).
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ from typing import Any
 import orjson
 
 from infra.simulators import SIMULATORS, simulator_class
+from infra.simulators import __doc__ as simulators_doc
 from infra.simulators.keys import write_private
 from infra.simulators.server import serve
 
@@ -28,7 +29,11 @@ def _load_config(value: str | None) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m infra.simulators", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m infra.simulators",
+        description=simulators_doc,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("name", choices=sorted(SIMULATORS))
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--host", default="127.0.0.1")

@@ -94,12 +94,20 @@ def run(sim: RunningSimulator, n: int, concurrency: int, connections: int, procs
     sim_used = _cpu_seconds(pid) - sim_cpu
     total = sum(counts.values())
     print(f"sends={total} outcomes={dict(counts)} elapsed={elapsed:.2f}s")
-    print(f"throughput={total / elapsed:,.0f} sends/s  ({procs} client process(es), "
-          f"{connections} HTTP/2 connection(s) each, {concurrency} in flight each)")
-    print(f"simulator cpu={sim_used:.2f}s ({sim_used / total * 1e6:.0f} µs/request → "
-          f"~{total / sim_used:,.0f} req/s per core)" if sim_used else "simulator cpu=0")
-    print(f"client cpu={client_cpu:.2f}s ({client_cpu / total * 1e6:.0f} µs/send → "
-          f"~{total / client_cpu:,.0f} sends/s per core)")
+    print(
+        f"throughput={total / elapsed:,.0f} sends/s  ({procs} client process(es), "
+        f"{connections} HTTP/2 connection(s) each, {concurrency} in flight each)"
+    )
+    print(
+        f"simulator cpu={sim_used:.2f}s ({sim_used / total * 1e6:.0f} µs/request → "
+        f"~{total / sim_used:,.0f} req/s per core)"
+        if sim_used
+        else "simulator cpu=0"
+    )
+    print(
+        f"client cpu={client_cpu:.2f}s ({client_cpu / total * 1e6:.0f} µs/send → "
+        f"~{total / client_cpu:,.0f} sends/s per core)"
+    )
 
 
 def main() -> None:

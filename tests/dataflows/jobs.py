@@ -12,6 +12,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
 from herald.config import HeraldSettings
 from tests.dataflows.helpers import consume, decoder, encoder, produce
 
@@ -100,6 +102,30 @@ def read(settings: HeraldSettings, topic: str) -> list[dict[str, Any]]:
     """Every record currently on a logical topic, decoded."""
     decode = decoder(settings)
     return [decode(value) for _key, value in consume(settings, topic)]
+
+
+def read_timed(settings: HeraldSettings, topic: str) -> list[tuple[datetime, dict[str, Any]]]:
+    """(record timestamp, decoded value) of every record currently on a logical topic."""
+    decode = decoder(settings)
+    physical = settings.kafka.topic(topic)
+    conf = {**settings.kafka.client_config(), "group.id": "t", "enable.partition.eof": True}
+    consumer = Consumer(conf)
+    parts = consumer.list_topics(physical, timeout=10).topics[physical].partitions
+    consumer.assign([TopicPartition(physical, p, OFFSET_BEGINNING) for p in parts])
+    out: list[tuple[datetime, dict[str, Any]]] = []
+    ended: set[int] = set()
+    deadline = time.monotonic() + 20
+    try:
+        while len(ended) < len(parts) and time.monotonic() < deadline:
+            for msg in consumer.consume(500, 0.2):
+                if msg.error() is None:
+                    stamp = datetime.fromtimestamp(msg.timestamp()[1] / 1000, UTC)
+                    out.append((stamp, decode(msg.value())))
+                else:
+                    ended.add(msg.partition() or 0)
+    finally:
+        consumer.close()
+    return out
 
 
 def wait_for(

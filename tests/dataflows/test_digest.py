@@ -85,10 +85,15 @@ def test_seed_003_storm_survives_sigkill(
     likes = [
         event(f"like-{i}", "like", f"user{i}", star, like_at, "post-1") for i in range(1, 1201)
     ]
-    comments = [event(f"c{i}", "comment", f"user{c}", star, t0 - timedelta(seconds=30 - MARGIN), "post-1")
-                for i, c in enumerate("ABC", 1)]  # fmt: skip
-    follows = [event(f"f{i}", "follow", f"user{c}", star, t0 - timedelta(seconds=300 - MARGIN), None)
-               for i, c in enumerate("DE", 1)]  # fmt: skip
+    comment_at = t0 - timedelta(seconds=30 - MARGIN)
+    comments = [
+        event(f"c{i}", "comment", f"user{c}", star, comment_at, "post-1")
+        for i, c in enumerate("ABC", 1)
+    ]
+    follow_at = t0 - timedelta(seconds=300 - MARGIN)
+    follows = [
+        event(f"f{i}", "follow", f"user{c}", star, follow_at, None) for i, c in enumerate("DE", 1)
+    ]
     unknown = event("s1", "share", "userX", star, t0, "post-1")
 
     job = Job(env, tmp_path / "job1.log", IMPORT, *args)

@@ -125,7 +125,7 @@ class ProviderClient(ABC):
                 outcome = Retryable(
                     CONNECT_ERROR, provider=self.provider, latency_ms=self._ms(start)
                 )
-                log.info(
+                log.debug(
                     "provider.connect_failed provider=%s error=%s",
                     self.provider,
                     type(exc).__name__,

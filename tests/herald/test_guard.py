@@ -12,7 +12,7 @@ import redis
 
 from herald.guard import AlreadySent, GuardClass, InFlight, Proceed, SendGuard, guard_key
 
-PENDING_TTL = 0.3
+PENDING_TTL = 0.6  # short, yet long enough that "still in flight" holds on a loaded box
 
 
 @pytest.fixture

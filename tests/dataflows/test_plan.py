@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 from collections import Counter
-from datetime import timedelta
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 import pytest
+import redis
 from bytewax.testing import run_main
 
 from dataflows._settings import PlanningSettings
 from dataflows.plan import build_flow
 from herald import ids
+from herald.caps import cap_key
 from herald.config import HeraldSettings
 from tests.dataflows.helpers import produce
 from tests.dataflows.jobs import (
@@ -101,3 +103,80 @@ def test_campaign_policy_outcomes(settings: HeraldSettings) -> None:
         "missing_param:cta_url": 1,
         "bad_magic_byte": 1,
     }
+
+
+DST_NOW = datetime(
+    2026, 3, 8, 6, 30, tzinfo=UTC
+)  # 01:30 EST, 30 min before New York springs forward
+
+
+def test_quiet_hours_in_user_zones_with_dst(settings: HeraldSettings) -> None:
+    """Held until the end of quiet hours in each user's zone; approved transactional bypasses."""
+    p = settings.kafka.topic_prefix
+    ny, kolkata, lord_howe, default, awake = (f"{p}{n}" for n in ("ny", "in", "lh", "utc", "ok"))
+    users = [ny, kolkata, lord_howe, default, awake]
+    send(settings, "herald.devices", [contacts(u) for u in users], "user_id")
+    quiet = [
+        prefs(ny, timezone="America/New_York", quiet_hours={"start": "22:00", "end": "02:30"}),
+        prefs(kolkata, timezone="Asia/Kolkata", quiet_hours={"start": "11:00", "end": "13:30"}),
+        prefs(
+            lord_howe,
+            timezone="Australia/Lord_Howe",
+            quiet_hours={"start": "17:00", "end": "18:00"},
+        ),
+        prefs(default, quiet_hours={"start": "06:00", "end": "07:15"}),  # no zone: catalog's UTC
+        prefs(awake, timezone="America/New_York", quiet_hours={"start": "08:00", "end": "09:00"}),
+    ]
+    send(settings, "herald.preferences", quiet, "user_id")
+    nid, otp = f"{p}campaign", f"{p}payment"
+    campaign = request(nid, "marketing_campaign", users=users, params=CAMPAIGN, accepted_at=DST_NOW)
+    payment = request(otp, "payment_result", users=[ny], traffic_class="transactional",
+                      accepted_at=DST_NOW, params={"amount": "9", "currency": "EUR",
+                                                   "status": "ok", "order_id": "o1"})  # fmt: skip
+    send(settings, "herald.requests.bulk", [campaign], "notification_id")
+    send(settings, "herald.requests.transactional", [payment], "notification_id")
+    offset = (DST_NOW - datetime.now(UTC)).total_seconds()
+    planning = PlanningSettings(clock_offset_seconds=offset)
+
+    for traffic_class in ("bulk", "transactional"):
+        flow = build_flow(settings, traffic_class=traffic_class, planning=planning, bounded=True)
+        run_main(flow, epoch_interval=timedelta(milliseconds=200))
+
+    held = {
+        (d["user_id"], d["channel"]): d["not_before"] for d in read(settings, "herald.scheduled")
+    }
+    assert held[(ny, "push")] == datetime(2026, 3, 8, 7, 0, tzinfo=UTC)  # 02:30 EST -> 03:00 EDT
+    assert held[(kolkata, "push")] == datetime(2026, 3, 8, 8, 0, tzinfo=UTC)  # 13:30 IST
+    assert held[(lord_howe, "push")] == datetime(2026, 3, 8, 7, 0, tzinfo=UTC)  # 18:00 LHDT
+    assert held[(default, "email")] == datetime(2026, 3, 8, 7, 15, tzinfo=UTC)
+    assert (awake, "push") not in held
+    events = by_state(read(settings, EVENTS), nid)
+    assert events[(ny, "push")] == ("SCHEDULED", "quiet_hours")
+    assert events[(awake, "push")] == ("PLANNED", None)
+    bypass = by_state(read(settings, EVENTS), otp)
+    assert bypass[(ny, "push")] == ("PLANNED", None)  # approved transactional: no hold at 01:30
+    sent = read(settings, "herald.deliveries.push.transactional")
+    assert [(d["user_id"], d["not_before"]) for d in sent] == [(ny, None)]
+    client = redis.Redis.from_url(settings.redis.url)
+    assert client.get(cap_key(ny, "marketing", date(2026, 3, 8))) == b"1"  # NY's local day
+
+
+def test_frequency_cap_and_duplicate_requests(settings: HeraldSettings) -> None:
+    """Marketing 3/day: the 4th is suppressed; a second copy of a request is dropped."""
+    p = settings.kafka.topic_prefix
+    user = f"{p}capped"
+    send(settings, "herald.devices", [contacts(user)], "user_id")
+    nids = [f"{p}c{i}" for i in range(4)]
+    requests = [request(n, "marketing_campaign", users=[user], params=CAMPAIGN) for n in nids]
+    send(settings, "herald.requests.bulk", [*requests, requests[0]], "notification_id")
+
+    run_bounded(settings)
+
+    events = [e for e in read(settings, EVENTS) if e["user_id"] == user]
+    per_notification = Counter(e["notification_id"] for e in events)
+    assert per_notification == {n: 2 for n in nids}  # push + email each, the copy planned nothing
+    outcomes = Counter((e["state"], e["reason"]) for e in events)
+    assert outcomes == {("PLANNED", None): 6, ("SUPPRESSED", "frequency_cap"): 2}
+    client = redis.Redis.from_url(settings.redis.url)
+    key = cap_key(user, "marketing", datetime.now(UTC).date())
+    assert client.get(key) == b"3" and 0 < client.ttl(key) <= 25 * 3600

@@ -82,6 +82,9 @@ def create_app(
     app.add_middleware(
         BodyLimitMiddleware, limit=api.max_body_bytes, callback_limit=api.max_callback_body_bytes
     )
+    from api.fastpath import NotificationsFastPath
+
+    app.add_middleware(NotificationsFastPath, state=st)  # outermost: the hot path skips the rest
     _include_routers(app)
     app.add_api_route("/healthz", healthz, methods=["GET"], tags=["ops"], summary="Liveness")
     app.add_api_route(

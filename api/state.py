@@ -86,8 +86,11 @@ def api_key_of(request: Request) -> str | None:
 
 def authenticate(request: Request, scope: str) -> Tenant:
     """The calling tenant; 401 missing/unknown key, 403 key without `scope`."""
-    st = state_of(request)
-    key = api_key_of(request)
+    return authenticate_key(state_of(request), api_key_of(request), scope)
+
+
+def authenticate_key(st: AppState, key: str | None, scope: str) -> Tenant:
+    """`authenticate` for a key already taken from the headers."""
     tenant = st.tenants.authenticate(key)
     if tenant is None:
         code = "missing_api_key" if not key else "unknown_api_key"

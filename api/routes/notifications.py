@@ -26,6 +26,7 @@ from fastapi.responses import Response
 from redis.exceptions import RedisError
 
 from api import keys
+from api.auth import Tenant
 from api.intake import body_hash, check_against_catalog, check_times, is_otp
 from api.models import NotificationAccepted, NotificationCreate, to_request_record
 from api.otp import count_otp, enforce_otp_limits
@@ -94,9 +95,23 @@ async def _claim(st: AppState, rate_key: str, limit: int, nid: str, pending: str
     summary="Accept a notification request (202 once durable in Kafka)",
 )
 async def create_notification(body: NotificationCreate, request: Request) -> Response:
-    """Accept one notification; see the module docstring for idempotency and durability."""
+    """Accept one notification; see the module docstring for idempotency and durability.
+
+    (Served by `api.fastpath` in the running app; this route documents it and is the fallback.)
+    """
     st = state_of(request)
     tenant = authenticate(request, "notifications:write")
+    headers = request.headers
+    return await accept(
+        st, tenant, body, headers.get("x-end-user-ip"), headers.get("x-end-user-device")
+    )
+
+
+async def accept(
+    st: AppState, tenant: Tenant, body: NotificationCreate, end_user_ip: str | None,
+    end_user_device: str | None,
+) -> Response:  # fmt: skip
+    """The accept pipeline for an authenticated tenant and a parsed body."""
     now = now_utc()
     nt = check_against_catalog(body, st.catalog)
     check_times(body, now, st.api.send_at_max_past_seconds, st.api.send_at_max_future_days)
@@ -105,7 +120,7 @@ async def create_notification(body: NotificationCreate, request: Request) -> Res
         channels = body.channels or nt.allowed_channels
         await enforce_otp_limits(
             st, list(body.recipients.user_ids or []), "sms" in channels,
-            request.headers.get("x-end-user-ip"), request.headers.get("x-end-user-device"),
+            end_user_ip, end_user_device,
         )  # fmt: skip
     nid = ids.notification_id(tenant.tenant_id, body.request_id)
     digest = body_hash(body)

@@ -53,6 +53,8 @@ def _setup_logging(verbose: bool = False) -> None:
         level=logging.DEBUG if verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
+    # health checks poll over HTTP; one line per poll is noise
+    logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
 @app.command()

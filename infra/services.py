@@ -62,6 +62,8 @@ class Component:
     address: Callable[[Ctx], str]
     ready_timeout: float = 30.0
     ports: tuple[str, ...] = field(default_factory=tuple)
+    # Published in state.json "urls" (and `herald status --json`) under this name, e.g. "api".
+    url_name: str | None = None
 
 
 def tansu_binary() -> str:
@@ -203,6 +205,24 @@ def bytewax_job(name: str, import_str: str, ready_timeout: float = 60.0) -> Comp
         healthy=lambda ctx: True,
         address=lambda ctx: import_str,
         ready_timeout=ready_timeout,
+    )
+
+
+def http_app(name: str, module: str, url_name: str | None = None) -> Component:
+    """A Herald HTTP process (`python -m MODULE --host H --port P`) healthy on GET /healthz."""
+
+    def argv(ctx: Ctx) -> list[str]:
+        return [sys.executable, "-m", module, "--host", ctx.host, "--port", str(ctx.port(name))]
+
+    return Component(
+        name=name,
+        kind="job",
+        argv=argv,
+        healthy=lambda ctx: _http_ok(f"http://{ctx.host}:{ctx.port(name)}/healthz"),
+        address=lambda ctx: f"http://{ctx.host}:{ctx.port(name)}",
+        ready_timeout=60.0,
+        ports=(name,),
+        url_name=url_name,
     )
 
 

@@ -285,7 +285,15 @@ class Stack:
                 }
                 for name, r in self.running.items()
             },
-            "urls": {"api": None, "dashboard": None},
+            "urls": {
+                "api": None,
+                "dashboard": None,
+                **{
+                    r.component.url_name: r.component.address(ctx)
+                    for r in self.running.values()
+                    if r.component.url_name
+                },
+            },
         }
         tmp = self.run_dir / f".{STATE_FILE}.tmp"
         tmp.write_text(json.dumps(state, indent=2))

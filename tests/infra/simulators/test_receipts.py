@@ -10,7 +10,7 @@ from infra.simulators.launcher import RunningSimulator
 from infra.simulators.recorder import CallbackRecorder
 from sinks.providers.signatures import verify_sendgrid, verify_twilio, verify_vonage
 
-FAST = {"delay": {"kind": "fixed", "ms": 20}, "step_ms": 80}
+FAST = {"delay": {"kind": "fixed", "ms": 20}, "step_ms": 150}
 
 
 def twilio_send(sim: RunningSimulator, to: str, callback: str | None = None) -> str:

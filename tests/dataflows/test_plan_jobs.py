@@ -1,0 +1,213 @@
+"""The plan job as real processes: resumable fan-out, opt-out mid-campaign, 2 processes, SIGKILL."""
+
+from __future__ import annotations
+
+import pickle
+import re
+import signal
+import sqlite3
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+from bytewax.recovery import init_db_dir
+
+from dataflows._audience import load_segment
+from herald import ids
+from herald.config import HeraldSettings
+from infra.process import free_port
+from tests.dataflows.helpers import produce
+from tests.dataflows.jobs import (
+    DEAD_LETTERS,
+    EVENTS,
+    Job,
+    assert_no_job_errors,
+    prefs,
+    read,
+    request,
+    send,
+    wait_for,
+)
+
+pytestmark = pytest.mark.integration
+
+IMPORT = "dataflows.plan:build_flow(traffic_class='bulk')"
+INBOX = "herald.deliveries.inapp.bulk"
+ANNOUNCEMENT = {"title": "News", "body": "Something happened"}
+
+
+def announcement(nid: str, **recipients: Any) -> dict[str, Any]:
+    """An in-app announcement (marketing, no cap, no contact point needed)."""
+    return request(nid, "inbox_announcement", params=ANNOUNCEMENT, **recipients)
+
+
+def recovery_dir(tmp_path: Path) -> tuple[Path, list[str]]:
+    path = tmp_path / "recovery"
+    path.mkdir()
+    init_db_dir(path, 1)
+    return path, ["-r", str(path), "-s", "1", "-b", "0"]
+
+
+def snapshotted_batch(recovery: Path) -> int:
+    """The highest next-batch number of a segment expansion in the request source's snapshots."""
+    best = -1
+    for db in recovery.glob("*.sqlite3"):
+        with sqlite3.connect(db) as conn:
+            rows = conn.execute(
+                "SELECT ser_change FROM snaps WHERE step_id LIKE '%requests_in%'"
+                " AND ser_change IS NOT NULL"
+            ).fetchall()
+        for (blob,) in rows:
+            _offset, expansions = pickle.loads(blob)
+            best = max([best, *(e.batch_no for e in expansions)])
+    return best
+
+
+def planned_users(events: list[dict[str, Any]], nid: str) -> set[str]:
+    return {e["user_id"] for e in events if e["notification_id"] == nid}
+
+
+def test_segment_fan_out_resumes_after_sigkill(
+    settings: HeraldSettings, subprocess_env: dict[str, str], tmp_path: Path
+) -> None:
+    """A 5,000-user segment: killed mid-way, resumed at its batch, every user planned once."""
+    p = settings.kafka.topic_prefix
+    users = [f"{p}m{i:05d}" for i in range(5000)]
+    load_segment(settings.clickhouse, f"{p}seg", users)
+    recovery, args = recovery_dir(tmp_path)
+    env = {**subprocess_env, "HERALD_PLANNING_FANOUT_BATCHES_PER_SECOND": "1"}
+    nid = f"{p}announce"
+
+    job = Job(env, tmp_path / "job1.log", IMPORT, *args)
+    try:
+        send(
+            settings,
+            "herald.requests.bulk",
+            [announcement(nid, segment=f"{p}seg")],
+            "notification_id",
+        )
+        deadline = time.monotonic() + 45
+        while snapshotted_batch(recovery) < 2:
+            assert job.running() and time.monotonic() < deadline, job.output()[-3000:]
+            time.sleep(0.2)
+    finally:
+        job.stop(signal.SIGKILL)
+
+    job = Job(env, tmp_path / "job2.log", IMPORT, *args)
+    try:
+        events = wait_for(settings, EVENTS, lambda r: len(planned_users(r, nid)) >= 5000, job=job)
+    finally:
+        output = job.stop()
+    assert_no_job_errors(output)
+    resumed = re.search(rf"plan.audience_resume notification_id={nid} batch=(\d+)", output)
+    assert resumed is not None and int(resumed.group(1)) >= 2, output[-3000:]
+    assert planned_users(events, nid) == set(users)
+    assert {e["state"] for e in events} == {"PLANNED"}
+    assert len(events) <= 5000 + 2000, "the restart re-planned more than the unfinished batches"
+    delivered = {d["delivery_id"] for d in read(settings, INBOX)}
+    assert delivered == {ids.delivery_id(nid, u, "inapp") for u in users}
+
+
+def test_opt_out_mid_campaign_stops_remaining_deliveries(
+    settings: HeraldSettings, subprocess_env: dict[str, str], tmp_path: Path
+) -> None:
+    """An unsubscribe one batch into a campaign: the user's not yet planned delivery is stopped."""
+    p = settings.kafka.topic_prefix
+    users = [f"{p}m{i:05d}" for i in range(3000)]
+    load_segment(settings.clickhouse, f"{p}seg", users)
+    env = {**subprocess_env, "HERALD_PLANNING_FANOUT_BATCHES_PER_SECOND": "0.5"}
+    nid = f"{p}announce"
+    early, late = users[10], users[2500]  # batches 0 and 2
+
+    job = Job(env, tmp_path / "job.log", IMPORT)
+    try:
+        send(
+            settings,
+            "herald.requests.bulk",
+            [announcement(nid, segment=f"{p}seg")],
+            "notification_id",
+        )
+        wait_for(settings, EVENTS, lambda r: len(planned_users(r, nid)) >= 1, job=job)
+        opt_outs = [prefs(u, category_opt_out=["marketing"]) for u in (early, late)]
+        send(settings, "herald.preferences", opt_outs, "user_id")
+        events = wait_for(settings, EVENTS, lambda r: len(planned_users(r, nid)) >= 3000, job=job)
+    finally:
+        output = job.stop()
+    assert_no_job_errors(output)
+    outcome = {e["user_id"]: (e["state"], e["reason"]) for e in events}
+    assert outcome[late] == ("SUPPRESSED", "category_opt_out")
+    assert outcome[early] == ("PLANNED", None)  # already planned: dispatch re-checks before sending
+    assert Counter(outcome.values())[("PLANNED", None)] == 2999
+
+
+def test_two_processes_share_the_user_table(
+    settings: HeraldSettings, subprocess_env: dict[str, str], tmp_path: Path
+) -> None:
+    """`-i 0/1 -a ...`: every user's preferences are honoured whichever process reads them."""
+    p = settings.kafka.topic_prefix
+    users = [f"{p}u{i}" for i in range(40)]
+    opted_out = users[::2]
+    send(
+        settings,
+        "herald.preferences",
+        [prefs(u, category_opt_out=["marketing"]) for u in opted_out],
+        "user_id",
+    )
+    nid = f"{p}announce"
+    addresses = f"127.0.0.1:{free_port()};127.0.0.1:{free_port()}"
+    jobs = [
+        Job(subprocess_env, tmp_path / f"p{i}.log", IMPORT, "-i", str(i), "-a", addresses)
+        for i in range(2)
+    ]
+    try:
+        send(settings, "herald.requests.bulk", [announcement(nid, users=users)], "notification_id")
+        events = wait_for(settings, EVENTS, lambda r: len(planned_users(r, nid)) >= 40)
+    finally:
+        outputs = [job.stop() for job in jobs]
+    for output in outputs:
+        assert_no_job_errors(output)
+    outcome = {e["user_id"]: (e["state"], e["reason"]) for e in events}
+    assert {u for u, o in outcome.items() if o == ("SUPPRESSED", "category_opt_out")} == set(
+        opted_out
+    )
+    assert {u for u, o in outcome.items() if o == ("PLANNED", None)} == set(users) - set(opted_out)
+
+
+def test_sigkill_and_restart_lose_nothing(
+    settings: HeraldSettings, subprocess_env: dict[str, str], tmp_path: Path
+) -> None:
+    """SIGKILL mid-stream, restart from recovery: every delivery once after delivery_id dedup."""
+    p = settings.kafka.topic_prefix
+    users = [f"{p}u{i}" for i in range(100)]
+    first = [announcement(f"{p}a{i}", users=users) for i in range(10)]
+    second = [announcement(f"{p}b{i}", users=users) for i in range(10)]
+    expected = {
+        ids.delivery_id(r["notification_id"], u, "inapp") for r in first + second for u in users
+    }
+    recovery, args = recovery_dir(tmp_path)
+
+    job = Job(subprocess_env, tmp_path / "job1.log", IMPORT, *args)
+    try:
+        send(settings, "herald.requests.bulk", first, "notification_id")
+        produce(settings, "herald.requests.bulk", [(b"x", b"garbage")])
+        wait_for(settings, INBOX, lambda r: len(r) >= 300, job=job)
+    finally:
+        job.stop(signal.SIGKILL)
+    send(settings, "herald.requests.bulk", second, "notification_id")
+
+    job = Job(subprocess_env, tmp_path / "job2.log", IMPORT, *args)
+    try:
+        done = lambda r: {d["delivery_id"] for d in r} >= expected  # noqa: E731
+        deliveries = wait_for(settings, INBOX, done, job=job)
+    finally:
+        output = job.stop()
+    assert_no_job_errors(output)
+    copies: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for d in deliveries:
+        copies[d["delivery_id"]].append({k: v for k, v in d.items() if k != "created_at"})
+    assert set(copies) == expected  # nothing lost, nothing unexpected
+    assert all(all(c == cs[0] for c in cs) for cs in copies.values())  # replays are identical
+    letters = {d["dead_letter_id"] for d in read(settings, DEAD_LETTERS)}
+    assert len(letters) == 1

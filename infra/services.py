@@ -154,7 +154,47 @@ def _clickhouse_healthy(ctx: Ctx) -> bool:
     return _http_ok(f"http://{ctx.host}:{ctx.port('clickhouse')}/ping")
 
 
-SERVICES: list[Component] = [
+PROVIDER_SIMULATORS = ("apns", "fcm", "sms_a", "sms_b", "email")
+
+
+def simulator(name: str) -> Component:
+    """A provider simulator (infra/simulators) speaking the real wire format on a free port.
+
+    Credentials a client needs (APNs key and CA, FCM service account, SMS/email secrets) are
+    written to <run_dir>/simulators/<name>/credentials.json at start. Receipts are posted to
+    the API's /v1/callbacks/<name> when the stack runs the API.
+    """
+    port_name = f"sim_{name}"
+    scheme = "https" if name == "apns" else "http"
+
+    def argv(ctx: Ctx) -> list[str]:
+        from infra.simulators.launcher import simulator_argv
+
+        callback = None
+        if "api" in ctx.ports:
+            callback = f"http://{ctx.host}:{ctx.port('api')}/v1/callbacks/{name}"
+        state_dir = ctx.run_dir / "simulators" / name
+        return simulator_argv(
+            name, ctx.port(port_name), state_dir, host=ctx.host, callback_url=callback
+        )
+
+    def healthy(ctx: Ctx) -> bool:
+        import httpx
+
+        url = f"{scheme}://{ctx.host}:{ctx.port(port_name)}/healthz"
+        return httpx.get(url, timeout=1.0, verify=False).status_code == 200
+
+    return Component(
+        name=f"sim-{name}",
+        kind="simulator",
+        argv=argv,
+        healthy=healthy,
+        address=lambda ctx: f"{scheme}://{ctx.host}:{ctx.port(port_name)}",
+        ports=(port_name,),
+    )
+
+
+CORE_SERVICES: list[Component] = [
     Component(
         name="kafka",
         kind="service",
@@ -180,6 +220,12 @@ SERVICES: list[Component] = [
         ready_timeout=60.0,
         ports=("clickhouse",),
     ),
+]
+
+# Everything `herald up` starts before Herald's own processes.
+SERVICES: list[Component] = [
+    *CORE_SERVICES,
+    *(simulator(name) for name in PROVIDER_SIMULATORS),
 ]
 
 

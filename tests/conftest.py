@@ -1,7 +1,7 @@
 """Session fixtures: the real embedded services, started by the same launcher as `herald up`.
 
 - `stack`: Kafka (Tansu), Redis and the ClickHouse server on free ports, migrations applied,
-  for the whole session (no jobs: tests start the processes they exercise).
+  for the whole session (no simulators, no jobs: tests start the processes they exercise).
 - `settings`: HeraldSettings for one test: its own topic prefix (every topic of
   infra/topics.toml created under it) and its own file-backed schema registry.
 """
@@ -22,7 +22,7 @@ from herald.config import (
     RegistrySettings,
     RunSettings,
 )
-from infra.services import Ctx
+from infra.services import CORE_SERVICES, Ctx
 from infra.stack import Stack
 
 
@@ -46,7 +46,7 @@ class RunningStack:
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningStack]:
     run_dir = tmp_path_factory.mktemp("herald-run")
-    launcher = Stack(run_dir, jobs=[])
+    launcher = Stack(run_dir, services=CORE_SERVICES, jobs=[])
     ctx = launcher.start()
     try:
         yield RunningStack(launcher, ctx)

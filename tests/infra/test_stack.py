@@ -12,7 +12,7 @@ import pytest
 
 from herald.errors import AlreadyRunningError
 from infra.process import pid_alive, port_open
-from infra.services import SERVICES
+from infra.services import CORE_SERVICES
 from infra.stack import Stack, read_state, stack_status
 
 REPO = Path(__file__).resolve().parents[2]
@@ -29,11 +29,11 @@ def herald(*args: str, run_dir: Path, timeout: float = 240) -> subprocess.Comple
 
 
 def test_second_start_is_refused_and_stop_leaves_nothing(tmp_path: Path) -> None:
-    stack = Stack(tmp_path, services=SERVICES[:2], jobs=[])  # kafka, redis
+    stack = Stack(tmp_path, services=CORE_SERVICES[:2], jobs=[])  # kafka, redis
     ctx = stack.start()
     try:
         with pytest.raises(AlreadyRunningError, match="already running"):
-            Stack(tmp_path, services=SERVICES[:2], jobs=[]).start()
+            Stack(tmp_path, services=CORE_SERVICES[:2], jobs=[]).start()
         state, components = stack_status(tmp_path)
         assert state is not None and state["ready"]
         assert {c.name for c in components} == {"kafka", "redis"}
@@ -58,7 +58,16 @@ def test_cli_up_status_down(tmp_path: Path) -> None:
         assert status.returncode == 0, status.stdout + status.stderr
         doc = json.loads(status.stdout)
         assert doc["healthy"] is True
-        for name in ("kafka", "redis", "clickhouse"):
+        for name in (
+            "kafka",
+            "redis",
+            "clickhouse",
+            "sim-apns",
+            "sim-fcm",
+            "sim-sms_a",
+            "sim-sms_b",
+            "sim-email",
+        ):
             assert doc["services"][name]["healthy"], doc["services"][name]
             assert doc["services"][name]["address"]
         pids = [s["pid"] for s in doc["services"].values()]

@@ -112,12 +112,12 @@ class _Reader:
         deadline = time.monotonic() + 30
         while todo and time.monotonic() < deadline:
             for msg in self.consumer.consume(500, 0.5):
-                err, p = msg.error(), msg.partition()
+                err, p, offset = msg.error(), msg.partition() or 0, msg.offset() or 0
                 if err is not None and err.code() == KafkaError._PARTITION_EOF:
-                    ends[p] = max(ends[p], int(msg.offset()))
+                    ends[p] = max(ends[p], offset)
                     todo.discard(p)
                 elif err is None:
-                    ends[p] = max(ends[p], int(msg.offset()) + 1)
+                    ends[p] = max(ends[p], offset + 1)
         if todo:
             raise HeraldError(f"replay: no end of partitions {sorted(todo)} of {self.topic}")
         return ends
@@ -127,18 +127,18 @@ class _Reader:
         self.consumer.assign([TopicPartition(self.topic, p, self.starts[p]) for p in todo])
         while todo:
             for msg in self.consumer.consume(500, 1.0):
-                err, partition = msg.error(), msg.partition()
+                err, partition, offset = msg.error(), msg.partition() or 0, msg.offset() or 0
                 if partition not in todo:
                     continue
                 if err is not None:
                     if err.code() == KafkaError._PARTITION_EOF:
                         todo.discard(partition)
                     continue
-                if msg.offset() >= self.ends[partition]:
+                if offset >= self.ends[partition]:
                     todo.discard(partition)
                     continue
                 yield msg
-                if msg.offset() + 1 >= self.ends[partition]:
+                if offset + 1 >= self.ends[partition]:
                     todo.discard(partition)
 
     def close(self) -> None:

@@ -1,5 +1,5 @@
 -- Deliveries per time bucket ({bucket_s:UInt32} seconds) that reached provider acceptance,
--- delivery, permanent failure, or an unknown outcome.
+-- delivery, permanent failure, or an unknown outcome; empty buckets are filled with zeros.
 SELECT
     toStartOfInterval(minute, toIntervalSecond({bucket_s:UInt32})) AS t,
     uniqExactMergeIf(deliveries, state = 'PROVIDER_ACCEPTED') AS provider_accepted,
@@ -11,4 +11,7 @@ WHERE channel != ''
   AND minute >= {from:DateTime64(3)} AND minute < {to:DateTime64(3)}
   AND ({tenant:String} = '' OR tenant_id = {tenant:String})
 GROUP BY t
-ORDER BY t
+ORDER BY t WITH FILL
+    FROM toStartOfInterval(toDateTime({from:DateTime64(3)}), toIntervalSecond({bucket_s:UInt32}))
+    TO toDateTime({to:DateTime64(3)})
+    STEP toIntervalSecond({bucket_s:UInt32})

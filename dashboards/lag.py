@@ -1,0 +1,97 @@
+"""Consumer lag of every Bytewax job, read from outside the jobs.
+
+Herald's Kafka source joins no consumer group and commits nothing to Kafka: a job's position
+is the snapshot of its input partitions in its Bytewax recovery store
+(`<run_dir>/recovery/<job>/part-*.sqlite3`, table `snaps`, state of the input step
+`<flow>.<step>.read`, keyed `<partition>-<topic>`, value = next offset to read). Lag is the
+partition's high watermark minus that offset, as of the job's last committed epoch (`-s`
+snapshot interval). Reading the stores is read-only SQLite; the values are pickles Bytewax
+wrote in this run directory (trusted).
+
+    committed_offsets(recovery_root) -> {job: {(topic, partition): next offset}}
+    consumer_lag(kafka, offsets)     -> [Lag(job, topic, partition, offset, end, lag)]
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+
+from confluent_kafka import Consumer, TopicPartition
+
+from herald.config import KafkaSettings
+
+__all__ = ["Lag", "committed_offsets", "consumer_lag"]
+
+log = logging.getLogger(__name__)
+
+_LATEST = """
+SELECT s.step_id, s.state_key, s.ser_change FROM snaps AS s
+JOIN (SELECT step_id, state_key, max(snap_epoch) AS epoch FROM snaps
+      WHERE step_id LIKE '%.read' GROUP BY step_id, state_key) AS m
+  ON s.step_id = m.step_id AND s.state_key = m.state_key AND s.snap_epoch = m.epoch
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Lag:
+    """Records a job has not processed yet on one partition."""
+
+    job: str
+    topic: str
+    partition: int
+    offset: int
+    end: int
+    lag: int
+
+
+def committed_offsets(recovery_root: Path) -> dict[str, dict[tuple[str, int], int]]:
+    """Next offsets of every job's input partitions, from the recovery stores under the root."""
+    out: dict[str, dict[tuple[str, int], int]] = {}
+    if not recovery_root.is_dir():
+        return out
+    for job_dir in sorted(p for p in recovery_root.iterdir() if p.is_dir()):
+        offsets: dict[tuple[str, int], int] = {}
+        for db in sorted(job_dir.glob("part-*.sqlite3")):
+            try:
+                conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1)
+                try:
+                    rows = conn.execute(_LATEST).fetchall()
+                finally:
+                    conn.close()
+            except sqlite3.Error as exc:
+                log.warning("dashboards.lag_read_failed job=%s error=%s", job_dir.name, exc)
+                continue
+            for _step, key, blob in rows:
+                partition, _, topic = str(key).partition("-")
+                value = pickle.loads(blob) if blob is not None else None  # noqa: S301 (own data)
+                if isinstance(value, int) and partition.isdigit():
+                    offsets[(topic, int(partition))] = value
+        out[job_dir.name] = offsets
+    return out
+
+
+def consumer_lag(kafka: KafkaSettings, offsets: dict[str, dict[tuple[str, int], int]]) -> list[Lag]:
+    """Lag per job and partition (high watermark minus the committed next offset)."""
+    pairs = {tp for job in offsets.values() for tp in job}
+    if not pairs:
+        return []
+    consumer = Consumer({**kafka.client_config(), "group.id": "herald-dashboards"})
+    ends: dict[tuple[str, int], int] = {}
+    try:
+        for topic, partition in pairs:
+            _low, high = consumer.get_watermark_offsets(
+                TopicPartition(topic, partition), timeout=5, cached=False
+            )
+            ends[(topic, partition)] = int(high)
+    finally:
+        consumer.close()
+    return [
+        Lag(job, topic, partition, offset, ends[(topic, partition)],
+            max(0, ends[(topic, partition)] - offset))
+        for job, positions in sorted(offsets.items())
+        for (topic, partition), offset in sorted(positions.items())
+    ]  # fmt: skip

@@ -44,7 +44,7 @@ def create_app(
     api = api or ApiSettings()
     redis = Redis.from_url(
         settings.redis.url, decode_responses=True, socket_timeout=2.0, socket_connect_timeout=2.0,
-        health_check_interval=30, max_connections=256,
+        max_connections=256,
     )  # fmt: skip
     st = AppState(
         settings=settings,

@@ -104,9 +104,7 @@ async def enforce_otp_limits(
     for _, _, (count, window) in limits:
         argv += [count, window]
     try:
-        hit, ttl_ms = await st.redis.eval(
-            _OTP_LIMIT_SCRIPT, len(limits), *[k for _, k, _ in limits], *argv
-        )
+        hit, ttl_ms = await st.script(_OTP_LIMIT_SCRIPT, [k for _, k, _ in limits], argv)
     except RedisError as exc:
         raise redis_unavailable(st, exc) from exc
     if int(hit):

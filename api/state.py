@@ -45,6 +45,14 @@ class AppState:
     producer: AsyncProducer
     metrics: ApiMetrics = field(default_factory=ApiMetrics)
     serializers: dict[str, tuple[str, AvroSerializer]] = field(default_factory=dict)
+    scripts: dict[str, Any] = field(default_factory=dict)
+
+    async def script(self, source: str, keys: list[str], args: list[Any]) -> Any:
+        """Run a Lua script by SHA (EVALSHA; loaded on first use or after a Redis restart)."""
+        runner = self.scripts.get(source)
+        if runner is None:
+            runner = self.scripts[source] = self.redis.register_script(source)
+        return await runner(keys=keys, args=args)
 
     def build_serializers(self) -> None:
         """One serializer per logical topic (schema registered lazily on first use)."""
@@ -119,7 +127,7 @@ async def check_rate(st: AppState, tenant: Tenant) -> None:
     """Per-tenant fixed 1-second window in Redis; 429 + Retry-After when over the limit."""
     second = int(time.time())
     try:
-        n = await st.redis.eval(_RATE_SCRIPT, 1, keys.rate(tenant.tenant_id, second))
+        n = await st.script(_RATE_SCRIPT, [keys.rate(tenant.tenant_id, second)], [])
     except RedisError as exc:
         raise redis_unavailable(st, exc) from exc
     if int(n) > tenant.rate_limit_per_second:

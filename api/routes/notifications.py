@@ -60,6 +60,13 @@ if not cur then
 end
 return {'exists', cur}
 """
+# KEYS[1] idem key, KEYS[2] notif key; ARGV: idem value, idem ttl, notif ttl, field, value, ...
+_ACCEPTED_SCRIPT = """
+redis.call('SET', KEYS[1], ARGV[1], 'EX', tonumber(ARGV[2]))
+redis.call('HSET', KEYS[2], unpack(ARGV, 4))
+redis.call('EXPIRE', KEYS[2], tonumber(ARGV[3]))
+return 1
+"""
 _RELEASE_SCRIPT = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
@@ -82,8 +89,8 @@ async def _claim(st: AppState, rate_key: str, limit: int, nid: str, pending: str
         if await st.redis.set(keys.idem(nid), pending, ex=ttl, nx=True):
             return ["new", ""]
         return ["exists", await st.redis.get(keys.idem(nid)) or ""]
-    return await st.redis.eval(  # type: ignore[no-any-return]
-        _ACCEPT_SCRIPT, 2, rate_key, keys.idem(nid), limit, pending, ttl
+    return await st.script(  # type: ignore[no-any-return]
+        _ACCEPT_SCRIPT, [rate_key, keys.idem(nid)], [limit, pending, ttl]
     )
 
 
@@ -150,7 +157,7 @@ async def accept(
         await st.publish(f"herald.requests.{nt.traffic_class}", nid, record)
     except ProblemError:
         with contextlib.suppress(RedisError):
-            await st.redis.eval(_RELEASE_SCRIPT, 1, keys.idem(nid), pending)
+            await st.script(_RELEASE_SCRIPT, [keys.idem(nid)], [pending])
         raise
     await _record_accepted(st, nid, digest, accepted_ms, body, tenant.tenant_id, nt, otp)
     st.metrics.accepted.labels(nt.traffic_class).inc()
@@ -184,13 +191,12 @@ async def _record_accepted(
         "otp": "1" if otp else "0",
     }  # fmt: skip
     try:
-        pipe = st.redis.pipeline(transaction=False)
-        pipe.set(
-            keys.idem(nid), f"{digest}|accepted|{accepted_ms}", ex=st.api.idempotency_ttl_seconds
-        )
-        pipe.hset(keys.notif(nid), mapping=meta)
-        pipe.expire(keys.notif(nid), st.api.status_ttl_seconds)
-        await pipe.execute()
+        pairs = [item for kv in meta.items() for item in kv]
+        await st.script(
+            _ACCEPTED_SCRIPT, [keys.idem(nid), keys.notif(nid)],
+            [f"{digest}|accepted|{accepted_ms}", st.api.idempotency_ttl_seconds,
+             st.api.status_ttl_seconds, *pairs],
+        )  # fmt: skip
     except RedisError as exc:
         log.warning("api.accepted_state_not_recorded nid=%s error=%s", nid, type(exc).__name__)
 

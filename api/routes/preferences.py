@@ -62,7 +62,7 @@ async def put_preferences(user_id: UserId, body: PreferencesIn, request: Request
     await st.publish("herald.preferences", user_id, record)
     stored = {**record, "updated_at": to_ms(now)}
     try:
-        await st.redis.eval(SET_IF_NEWER, 1, keys.prefs(user_id), orjson.dumps(stored), version)
+        await st.script(SET_IF_NEWER, [keys.prefs(user_id)], [orjson.dumps(stored), version])
     except RedisError as exc:
         log.warning("api.preferences_copy_failed version=%d error=%s", version, type(exc).__name__)
     log.info("api.preferences_updated version=%d", version)

@@ -64,6 +64,7 @@ class ReceiptsSettings(BaseSettings):
 
     hold_ttl_s: float = 3600.0  # a receipt waits this long for its send record
     state_ttl_s: float = 7 * 86400.0  # per-delivery state kept this long after its last event
+    final_ttl_s: float = 86400.0  # ... and this long once its state can no longer change
     # Per-channel observation window overrides in seconds, e.g. {"sms": 259200}.
     observation_windows_s: dict[str, float] = {}
 
@@ -74,6 +75,7 @@ class ReceiptsSettings(BaseSettings):
         return FoldConfig(
             hold_ttl=timedelta(seconds=self.hold_ttl_s),
             state_ttl=timedelta(seconds=self.state_ttl_s),
+            final_ttl=timedelta(seconds=self.final_ttl_s),
             windows=windows,
         )
 

@@ -52,6 +52,8 @@ class FoldConfig:
 
     hold_ttl: timedelta = timedelta(hours=1)
     state_ttl: timedelta = timedelta(days=7)
+    # Kept this long once nothing can change the state (SendGrid retries webhooks for 24 h).
+    final_ttl: timedelta = timedelta(hours=24)
     windows: Mapping[str, timedelta | None] = field(
         default_factory=lambda: {
             c: caps.observation_window for c, caps in states.CAPABILITIES.items()
@@ -213,11 +215,11 @@ class DeliveryFold:
             self.ctx = Context.of(event)
         else:
             self.ctx.learn(event)
-        self._touch(now, cfg)
         self._apply(event["state"], None, dict(event), now, cfg, out)
         for _deadline, ev in self.held:
             self._receipt(ev, now, cfg, out)
         self.held.clear()
+        self._touch(now, cfg)
         return out
 
     def on_receipt(self, ev: ReceiptEvent, now: datetime, cfg: FoldConfig) -> list[Output]:
@@ -226,8 +228,8 @@ class DeliveryFold:
         if self.ctx is None:
             self.held.append((now + cfg.hold_ttl, ev))
         else:
-            self._touch(now, cfg)
             self._receipt(ev, now, cfg, out)
+            self._touch(now, cfg)
         return out
 
     def on_timer(self, now: datetime, cfg: FoldConfig) -> list[Output]:
@@ -254,7 +256,10 @@ class DeliveryFold:
     # -- folding -----------------------------------------------------------------------------
 
     def _touch(self, now: datetime, cfg: FoldConfig) -> None:
-        self.idle_until = now + cfg.state_ttl
+        """Keep the state `state_ttl` after its last event, `final_ttl` once it is terminal."""
+        assert self.ctx is not None
+        terminal = not states.TABLES.get(self.ctx.channel, {}).get(self.state)
+        self.idle_until = now + (cfg.final_ttl if terminal and not self.pending else cfg.state_ttl)
 
     def _receipt(self, ev: ReceiptEvent, now: datetime, cfg: FoldConfig, out: list[Output]) -> None:
         if ev.provider_event_id in self.seen:

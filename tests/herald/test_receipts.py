@@ -233,6 +233,15 @@ def test_msg_join_holds_until_the_send_record() -> None:
     assert late.on_timer(NOW + CFG.hold_ttl) == [Unmatched(ev)] and late.expired(NOW)
 
 
+def test_state_ttl_is_short_once_nothing_can_change() -> None:
+    fold = DeliveryFold()
+    fold.on_event(event("PROVIDER_ACCEPTED"), NOW, CFG)
+    assert fold.idle_until == NOW + CFG.state_ttl  # still waiting for a receipt
+    fold.on_receipt(receipt("delivered", "e-d"), NOW, CFG)
+    assert fold.idle_until == NOW + CFG.final_ttl  # sms: nothing after DELIVERED
+    assert fold.expired(NOW + CFG.final_ttl)
+
+
 def test_fold_state_survives_a_snapshot() -> None:
     import pickle
 

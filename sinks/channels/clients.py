@@ -1,0 +1,126 @@
+"""The provider clients of one sink partition, built lazily on its event loop.
+
+    Providers(loop, factories)     provider name -> client, built on first use
+    default_factories(redis_url)   every provider from its env settings (HERALD_APNS_* ...)
+
+A factory that fails (e.g. no APNs key configured) does not kill the job: that provider answers
+every send with `PlatformError("client_config")`, which pauses it (breaker) and requeues its
+messages, and the error is logged once. Clients are closed by `Providers.close()`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+from herald.outcomes import Outcome, PlatformError
+from sinks.channels.inbox import InboxClient
+from sinks.channels.loop import LoopThread
+
+__all__ = ["Factory", "Providers", "Sender", "default_factories"]
+
+log = logging.getLogger(__name__)
+
+
+class Sender(Protocol):
+    """What the sink needs from a provider client (sinks.providers.ProviderClient, InboxClient)."""
+
+    async def send(self, delivery: Mapping[str, Any]) -> Outcome: ...
+
+    async def aclose(self) -> None: ...
+
+
+Factory = Callable[[], Sender]
+
+
+def default_factories(redis_url: str) -> dict[str, Factory]:
+    """Clients configured from the environment (see sinks/providers/config.py)."""
+    from sinks.providers import (
+        ApnsClient,
+        ApnsConfig,
+        FcmClient,
+        FcmConfig,
+        SendGridClient,
+        SendGridConfig,
+        TwilioClient,
+        TwilioConfig,
+        VonageClient,
+        VonageConfig,
+    )
+
+    return {
+        "apns": lambda: ApnsClient(ApnsConfig()),
+        "fcm": lambda: FcmClient(FcmConfig()),
+        "sms_a": lambda: TwilioClient(TwilioConfig()),
+        "sms_b": lambda: VonageClient(VonageConfig()),
+        "email": lambda: SendGridClient(SendGridConfig()),
+        "inbox": lambda: InboxClient(redis_url),
+    }
+
+
+class _Unusable:
+    """Stands in for a client that could not be built."""
+
+    def __init__(self, provider: str, reason: str) -> None:
+        self.provider = provider
+        self.reason = reason
+
+    async def send(self, delivery: Mapping[str, Any]) -> Outcome:
+        return PlatformError(self.reason, provider=self.provider)
+
+    async def aclose(self) -> None:
+        return None
+
+
+class Providers:
+    """Provider name → client, each created on `loop` the first time it is needed."""
+
+    def __init__(self, loop: LoopThread, factories: Mapping[str, Factory]) -> None:
+        self.loop = loop
+        self.factories = dict(factories)
+        self._clients: dict[str, Sender] = {}
+
+    def ensure(self, names: Sequence[str]) -> None:
+        """Build the clients of `names` not built yet (on the loop thread)."""
+        missing = [n for n in dict.fromkeys(names) if n not in self._clients]
+        if missing:
+            self.loop.run(self._build(missing))
+
+    async def _build(self, names: list[str]) -> None:
+        for name in names:
+            factory = self.factories.get(name)
+            if factory is None:
+                log.error("dispatch.unknown_provider provider=%s", name)
+                self._clients[name] = _Unusable(name, "unknown_provider")
+                continue
+            try:
+                self._clients[name] = factory()
+            except Exception as exc:  # misconfiguration: pause the provider, keep the job
+                log.error("dispatch.client_config_failed provider=%s error=%s: %s",
+                          name, type(exc).__name__, exc)  # fmt: skip
+                self._clients[name] = _Unusable(name, "client_config")
+
+    def client(self, name: str) -> Sender:
+        """The built client of `name` (call `ensure` first)."""
+        return self._clients[name]
+
+    async def send(self, name: str, delivery: Mapping[str, Any]) -> Outcome:
+        """Send through provider `name` (on the loop)."""
+        return await self._clients[name].send(delivery)
+
+    def close(self) -> None:
+        """Close every client, then the loop."""
+
+        async def _close() -> None:
+            await asyncio.gather(
+                *(c.aclose() for c in self._clients.values()), return_exceptions=True
+            )
+
+        if self._clients:
+            try:
+                self.loop.run(_close(), timeout=10.0)
+            except Exception as exc:
+                log.warning("dispatch.client_close_failed error=%s", type(exc).__name__)
+        self._clients.clear()

@@ -1,0 +1,122 @@
+"""The API's Redis copies of preferences and contact points, as dispatch uses them.
+
+Layout (api/keys.py): `prefs:{user}` holds the latest user_preferences record as JSON and
+`cp:{user}` the latest contact_points record (timestamps as epoch ms), each written by the API
+after Kafka acknowledged the change; `cp:{user}:lock` serializes read-modify-writes of contact
+points (the API's device routes hold the same lock).
+
+- `preferences(users)`: the latest preferences for the opt-out re-check just before sending
+  (one pipelined round trip per batch). A user without a copy (preferences only ever produced
+  straight to Kafka) is not re-checked: the plan job's decision stands.
+- `resolve(deliveries)`: fills a null `address` (sms → verified-or-not phone, email → address,
+  inapp → user id) from the contact points copy.
+- `remove_token(user, token, publish)`: token cleanup after APNs 410 / FCM UNREGISTERED: under
+  the lock, the user's record without the device that has this token (version + 1) is
+  published on herald.devices (compacted; `publish` returns after Kafka's ack) and then written
+  back as the copy, exactly as the API's DELETE /v1/devices does. Other devices stay.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from datetime import datetime
+from typing import Any, Literal
+
+import orjson
+import redis
+from redis.exceptions import LockError
+
+from api import keys
+from api.models import without_device
+from herald.errors import HeraldError
+from herald.policy import Preferences
+
+__all__ = ["ContactStore", "CleanupResult"]
+
+log = logging.getLogger(__name__)
+
+CleanupResult = Literal["removed", "absent", "no_copy", "busy"]
+Publish = Callable[[str, dict[str, Any]], None]
+
+
+def _ms(value: Any) -> Any:
+    return int(value.timestamp() * 1000) if isinstance(value, datetime) else value
+
+
+class ContactStore:
+    """Reads and token cleanups against the API's copies (sync client of the sink)."""
+
+    def __init__(self, client: redis.Redis, *, lock_timeout_s: float = 30.0) -> None:
+        self.client = client
+        self.lock_timeout_s = lock_timeout_s
+
+    def preferences(self, user_ids: Iterable[str]) -> dict[str, Preferences | None]:
+        """Latest preferences per user (None: no copy, or an unreadable one)."""
+        users = list(dict.fromkeys(user_ids))
+        if not users:
+            return {}
+        pipe = self.client.pipeline(transaction=False)
+        for user in users:
+            pipe.get(keys.prefs(user))
+        out: dict[str, Preferences | None] = {}
+        for user, raw in zip(users, pipe.execute(), strict=True):
+            out[user] = _prefs(user, raw)
+        return out
+
+    def resolve(self, deliveries: Iterable[dict[str, Any]]) -> None:
+        """Fill a null `address` in place where the contact points copy knows it."""
+        todo = [d for d in deliveries if not d.get("address")]
+        for d in todo:
+            if d["channel"] == "inapp":
+                d["address"] = d["user_id"]
+        todo = [d for d in todo if d["channel"] in ("sms", "email")]
+        if not todo:
+            return
+        pipe = self.client.pipeline(transaction=False)
+        for d in todo:
+            pipe.get(keys.contact_points(d["user_id"]))
+        for d, raw in zip(todo, pipe.execute(), strict=True):
+            record = orjson.loads(raw) if raw else {}
+            if d["channel"] == "sms":
+                d["address"] = (record.get("phone") or {}).get("e164")
+            else:
+                d["address"] = (record.get("email") or {}).get("address")
+
+    def remove_token(
+        self, user_id: str, token: str, publish: Publish, now: datetime
+    ) -> CleanupResult:
+        """Remove the device holding `token` from `user_id`'s contact points (see module doc)."""
+        lock = self.client.lock(
+            keys.contact_points_lock(user_id), timeout=self.lock_timeout_s, blocking_timeout=5
+        )
+        try:
+            with lock:
+                raw = self.client.get(keys.contact_points(user_id))
+                if raw is None:
+                    return "no_copy"
+                current = orjson.loads(raw)
+                device = next((d for d in current["devices"] if d.get("token") == token), None)
+                if device is None:
+                    return "absent"
+                changed = without_device(current, device["device_id"], now)
+                record = {**changed, "updated_at": _ms(changed["updated_at"])}
+                publish(user_id, record)
+                self.client.set(keys.contact_points(user_id), orjson.dumps(record))
+                log.info("dispatch.token_removed platform=%s version=%d",
+                         device.get("platform"), record["version"])  # fmt: skip
+                return "removed"
+        except LockError:
+            log.warning("dispatch.token_cleanup_busy")
+            return "busy"
+
+
+def _prefs(user: str, raw: bytes | str | None) -> Preferences | None:
+    if raw is None:
+        return None
+    try:
+        record: Mapping[str, Any] = orjson.loads(raw)
+        return Preferences.from_record({**record, "user_id": user})
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, HeraldError) as exc:
+        log.warning("dispatch.prefs_unreadable error=%s", type(exc).__name__)
+        return None

@@ -1,0 +1,321 @@
+"""The dispatch of one batch: guard → re-checks → breaker → shaping → send → decide → effects.
+
+    Dispatcher.dispatch(batch) -> Outputs     batch = [(KafkaMessage | None, delivery dict)]
+
+Stages (herald.dispatching holds the pure rules, herald.retry the decisions):
+
+1. due: a delivery due later (`next_attempt_at`/`not_before` beyond the tolerance) goes back to
+   the retry topic unchanged, to be held by the retry job;
+2. guard (`SendGuard.acquire_many`, one round trip): SENT → its PROVIDER_ACCEPTED event is
+   emitted again (same id) and nothing is sent; CLAIMED/UNKNOWN → skipped; PENDING of another
+   worker → requeued for when that PENDING expires (seed 000 §5.2 "try again later");
+3. re-checks just before sending: expired → EXPIRED, opted out since planning → SUPPRESSED
+   (the API's Redis copy of the preferences, one round trip), guard released;
+4. rounds: breaker admission per delivery (a refused one fails over or is requeued without
+   counting an attempt), shaped sends (sinks/channels/sending.py), `decide` per outcome,
+   effects applied; a failover (SMS A→B) goes into the next round at once, same guard;
+5. guards: SENT for accepted (transactional; one pipelined round trip), released where the
+   provider certainly did not send, UNKNOWN where it may have.
+
+`hook(stage, items)` is called after stage 3 ("guarded": guards held, nothing sent), after the
+rounds ("sent": provider calls done, guards not marked) and after stage 5 ("marked"); the sink
+adds nothing there — tests use it to crash a job at exactly those points.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import Any, cast
+
+from herald.breaker import CircuitBreaker
+from herald.catalog import Catalog
+from herald.dispatching import (
+    attempt_context,
+    due_at,
+    effects,
+    event,
+    next_in,
+    parse_sent_marker,
+    provider_of,
+    recheck,
+    requeued,
+    retry_policy,
+    sent_marker,
+)
+from herald.guard import AlreadySent, GuardClass, InFlight, Proceed, SendGuard
+from herald.metrics import JobMetrics
+from herald.outcomes import Accepted, Outcome
+from herald.retry import Action, AttemptContext, Done, RetryPolicy, decide, decide_refused
+from herald.states import State
+from sinks.channels.contacts import ContactStore
+from sinks.channels.sending import ShapedSender
+from sinks.channels.settings import DispatchSettings
+from sinks.channels.work import DeadLetterOut, Item, Outputs
+from sources.kafka import KafkaMessage
+
+__all__ = ["Dispatcher", "Hook"]
+
+log = logging.getLogger(__name__)
+
+Hook = Callable[[str, list[Item]], None]
+Batch = Sequence[tuple[KafkaMessage | None, dict[str, Any]]]
+
+
+class Dispatcher:
+    """Runs batches of deliveries through one partition's guard, breaker, shaper and clients."""
+
+    def __init__(
+        self,
+        settings: DispatchSettings,
+        catalog: Catalog,
+        guard: SendGuard,
+        breaker: CircuitBreaker,
+        sender: ShapedSender,
+        contacts: ContactStore,
+        *,
+        clock: Callable[[], datetime],
+        metrics: JobMetrics | None = None,
+        hook: Hook | None = None,
+    ) -> None:
+        self.settings = settings
+        self.catalog = catalog
+        self.guard = guard
+        self.breaker = breaker
+        self.sender = sender
+        self.contacts = contacts
+        self.clock = clock
+        self.metrics = metrics or JobMetrics("dispatch")
+        self.hook = hook
+        self._policies: dict[tuple[str, str], tuple[RetryPolicy, bool]] = {}
+        self._rng = random.Random()
+
+    def dispatch(self, batch: Batch) -> Outputs:
+        """Dispatch a batch (see the module docstring); never raises for provider trouble."""
+        out = Outputs()
+        items = self._due(batch, out)
+        items = self._guarded(items, out)
+        items = self._rechecked(items, out)
+        self._stage("guarded", items)
+        pending = items
+        while pending:
+            pending = self._round(pending, out)
+        self._stage("sent", items)
+        self._mark(items)
+        self._stage("marked", items)
+        self._count(out)
+        return out
+
+    def _stage(self, name: str, items: list[Item]) -> None:
+        if self.hook is not None:
+            self.hook(name, items)
+
+    # -- 1. due -------------------------------------------------------------------------------
+
+    def _item(self, message: KafkaMessage | None, delivery: dict[str, Any]) -> Item:
+        policy, bypass = self._policy(delivery["notification_type"], delivery["traffic_class"])
+        provider = provider_of(delivery, self.settings.default_providers)
+        if delivery["channel"] == "push" and not delivery.get("collapse_key"):
+            delivery["collapse_key"] = delivery["notification_id"]  # duplicates merge on device
+        attempt = int(delivery.get("attempt") or 0) + 1
+        return Item(delivery, message, provider, policy, bypass, attempt,
+                    delivery.get("first_attempt_at"))  # fmt: skip
+
+    def _policy(self, type_name: str, traffic_class: str) -> tuple[RetryPolicy, bool]:
+        key = (type_name, traffic_class)
+        found = self._policies.get(key)
+        if found is None:
+            nt = self.catalog.types.get(type_name)
+            found = (
+                retry_policy(
+                    self.settings.backoff_for(traffic_class),
+                    failover_on_unknown=bool(nt and nt.failover_on_unknown),
+                    platform_pause_s=self.settings.platform_pause_s,
+                ),
+                bool(nt and nt.bypass_opt_out),
+            )
+            self._policies[key] = found
+        return found
+
+    def _due(self, batch: Batch, out: Outputs) -> list[Item]:
+        now = self.clock()
+        items: list[Item] = []
+        for message, delivery in batch:
+            at = due_at(delivery)
+            if at is not None and (at - now).total_seconds() > self.settings.early_tolerance_s:
+                out.retries.append(dict(delivery))  # held by the retry job until due
+                continue
+            items.append(self._item(message, dict(delivery)))
+        return items
+
+    # -- 2. guard ------------------------------------------------------------------------------
+
+    def _guarded(self, items: list[Item], out: Outputs) -> list[Item]:
+        if not items:
+            return []
+        keys = [(it.delivery_id, cast(GuardClass, it.traffic_class)) for it in items]
+        results = self.guard.acquire_many(keys)
+        now = self.clock()
+        kept: list[Item] = []
+        for it, result in zip(items, results, strict=True):
+            if isinstance(result, Proceed):
+                it.guard = result
+                kept.append(it)
+            elif isinstance(result, InFlight):
+                at = next_in(result.retry_after_s + self._rng.uniform(0.0, 1.0), now)
+                out.retries.append(requeued(it.delivery, at))
+                self.metrics.error("in_flight")
+            else:
+                self._already(it, result, now, out)
+        return kept
+
+    def _already(self, it: Item, result: AlreadySent, now: datetime, out: Outputs) -> None:
+        self.metrics.error(f"duplicate_{result.state}")
+        if result.state != "sent":
+            return
+        provider, attempt, msg_id = parse_sent_marker(result.provider_msg_id)
+        again = Accepted(msg_id or "", provider=provider or it.provider)
+        out.events.extend(
+            effects(_done(again), it.delivery, None, provider=provider or it.provider,
+                    attempt=attempt or it.attempt, now=now, first_attempt_at=None).events
+        )  # fmt: skip
+
+    # -- 3. re-checks --------------------------------------------------------------------------
+
+    def _rechecked(self, items: list[Item], out: Outputs) -> list[Item]:
+        if not items:
+            return []
+        self.contacts.resolve([it.delivery for it in items])
+        prefs = self.contacts.preferences(it.delivery["user_id"] for it in items)
+        now = self.clock()
+        kept: list[Item] = []
+        for it in items:
+            skip = recheck(it.delivery, now, prefs.get(it.delivery["user_id"]), it.bypass_opt_out)
+            if skip is None:
+                kept.append(it)
+                continue
+            made = it.attempt - 1
+            out.events.append(event(it.delivery, skip.state, attempt=made, now=now,
+                                    provider=it.provider, reason=skip.reason))  # fmt: skip
+            if skip.state is State.SUPPRESSED:
+                self.metrics.suppressed(skip.reason)
+            it.guard_op = "release"
+            self._release(it)
+        return kept
+
+    # -- 4. rounds -----------------------------------------------------------------------------
+
+    def _round(self, items: list[Item], out: Outputs) -> list[Item]:
+        """One pass of breaker → shaping → sends → decisions; returns items failing over."""
+        again: list[Item] = []
+        ready: list[Item] = []
+        now = self.clock()
+        for it in items:
+            admission = self.breaker.allow(it.provider)
+            if admission.allowed:
+                it.admission = admission
+                ready.append(it)
+                continue
+            ctx = self._ctx(it, now, open_breakers=frozenset({it.provider}))
+            action = decide_refused(ctx, it.policy, admission.retry_in_s)
+            if self._apply(it, action, None, now, out):
+                again.append(it)
+        sent, deferred = self.sender.send(ready, out.events)
+        now = self.clock()
+        for it in deferred:
+            self._defer(it, now, out)
+        for it, outcome in sent:
+            if it.admission is not None:
+                self.breaker.record_outcome(outcome, it.admission)
+            action = decide(outcome, self._ctx(it, now), it.policy)
+            if self._apply(it, action, outcome, now, out):
+                again.append(it)
+        return again
+
+    def _ctx(
+        self, it: Item, now: datetime, open_breakers: frozenset[str] = frozenset()
+    ) -> AttemptContext:
+        view = {**it.delivery, "first_attempt_at": it.first_attempt_at}
+        return attempt_context(view, it.provider, it.attempt, now,
+                               rejected_by=frozenset(it.rejected_by),
+                               open_breakers=open_breakers)  # fmt: skip
+
+    def _defer(self, it: Item, now: datetime, out: Outputs) -> None:
+        """Not granted tokens in time: back to the retry topic, no attempt counted."""
+        at = next_in(self._rng.uniform(0.5, 1.5) * self.settings.shape_max_wait_s, now)
+        out.retries.append(requeued(it.delivery, at))
+        out.events.append(event(it.delivery, State.RETRY_SCHEDULED, attempt=it.attempt - 1,
+                                now=now, provider=it.provider, reason="rate_shaped"))  # fmt: skip
+        it.guard_op = "release"
+        self._release(it)
+
+    def _apply(
+        self, it: Item, action: Action, outcome: Outcome | None, now: datetime, out: Outputs
+    ) -> bool:
+        """Carry out the effects of `action`; True when the item fails over (send again)."""
+        fx = effects(action, it.delivery, outcome, provider=it.provider, attempt=it.attempt,
+                     now=now, first_attempt_at=it.first_attempt_at)  # fmt: skip
+        out.events.extend(fx.events)
+        if fx.pause is not None:
+            provider, reason, pause_s = fx.pause
+            log.error("dispatch.provider_paused provider=%s reason=%s pause_s=%.0f",
+                      provider, reason, pause_s)  # fmt: skip
+            self.breaker.trip(provider, reason, pause_s)
+        if fx.cleanup_token and it.delivery["channel"] == "push" and it.delivery.get("address"):
+            out.cleanups.append((it.delivery["user_id"], it.delivery["address"]))
+        if fx.dead_letter is not None and fx.retry is not None:
+            out.dead_letters.append(DeadLetterOut(it.message, fx.retry, fx.dead_letter))
+        elif fx.retry is not None:
+            out.retries.append(fx.retry)
+        if fx.failover_to is not None:
+            self._failover(it, fx.failover_to, counted=outcome is not None)
+            return True
+        it.guard_op = fx.guard
+        if fx.guard == "sent" and outcome is not None and isinstance(outcome, Accepted):
+            it.sent_marker = sent_marker(it.provider, it.attempt, outcome.provider_msg_id)
+        return False
+
+    def _failover(self, it: Item, to: str, *, counted: bool) -> None:
+        it.rejected_by.add(it.provider)
+        steps = list(it.delivery.get("fallback") or ())
+        own = f"{it.delivery['channel']}:{to}"
+        if own in steps:
+            steps = steps[steps.index(own) + 1 :]
+        it.delivery = {**it.delivery, "provider": to, "fallback": steps}
+        it.provider = to
+        if counted:
+            it.attempt += 1
+        log.info("dispatch.failover to=%s attempt=%d", to, it.attempt)
+
+    # -- 5. guards -----------------------------------------------------------------------------
+
+    def _mark(self, items: list[Item]) -> None:
+        sent = [(it.guard, it.sent_marker) for it in items if it.guard_op == "sent" and it.guard]
+        if sent:
+            self.guard.mark_sent_many(sent)
+        for it in items:
+            if it.guard is None:
+                continue
+            if it.guard_op == "release":
+                self._release(it)
+            elif it.guard_op == "unknown":
+                self.guard.mark_unknown(it.guard)
+
+    def _release(self, it: Item) -> None:
+        if it.guard is not None:
+            self.guard.release(it.guard)
+            it.guard = None
+
+    def _count(self, out: Outputs) -> None:
+        for ev in out.events:
+            self.metrics.event(ev["state"])
+            if ev["state"] == "PROVIDER_ACCEPTED" and ev["provider"]:
+                self.metrics.sent(ev["provider"], ev["channel"])
+        for letter in out.dead_letters:
+            self.metrics.dead_letter(letter.reason.split(":", 1)[0])
+
+
+def _done(outcome: Accepted) -> Action:
+    return Done(outcome.provider_msg_id)

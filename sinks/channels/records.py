@@ -1,0 +1,114 @@
+"""A batch's `Outputs` as Kafka records (Avro, Confluent framing).
+
+    delivery events   herald.delivery-events        key delivery_id
+    retries           herald.retry.{class}          key delivery_id (the retry job holds them)
+    dead letters      herald.dead-letters           key source topic; value = the delivery as
+                                                    it stood (Avro Delivery), replayable by
+                                                    herald.dlq with its delivery_id, expire_at
+    device changes    herald.devices                key user_id (token cleanup)
+
+Records are built by trusted code, so serializers skip the per-record schema check; one that
+fastavro still refuses (a bug) becomes an `encode_failed` dead letter, never a lost record.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import orjson
+
+from herald.config import HeraldSettings
+from herald.errors import SerdeError
+from infra.topics import load_topics, physical_subject
+from schemas.registry import SchemaRegistry
+from schemas.serde import AvroSerializer
+from sinks.channels.work import DeadLetterOut, Outputs
+from sinks.kafka import DEAD_LETTER_TOPIC, KafkaRecord, dead_letter
+
+__all__ = ["JOB", "RecordEncoder", "deliveries_topic", "retry_topic"]
+
+log = logging.getLogger(__name__)
+
+JOB = "dispatch"
+EVENTS_TOPIC = "herald.delivery-events"
+DEVICES_TOPIC = "herald.devices"
+
+
+def deliveries_topic(channel: str, traffic_class: str) -> str:
+    """Logical topic of ready deliveries of a channel and class."""
+    return f"herald.deliveries.{channel}.{traffic_class}"
+
+
+def retry_topic(traffic_class: str) -> str:
+    """Logical retry topic of a class."""
+    return f"herald.retry.{traffic_class}"
+
+
+class RecordEncoder:
+    """Encodes `Outputs`; one serializer per logical topic, built on first use."""
+
+    def __init__(self, settings: HeraldSettings, registry: SchemaRegistry) -> None:
+        self.kafka = settings.kafka
+        self.registry = registry
+        self.specs = load_topics()
+        self._serializers: dict[str, Callable[[Mapping[str, Any]], bytes]] = {}
+
+    def serializer(self, logical: str) -> Callable[[Mapping[str, Any]], bytes]:
+        """The (unvalidated) serializer of a logical topic."""
+        found = self._serializers.get(logical)
+        if found is None:
+            spec = self.specs[logical]
+            subject = physical_subject(spec, self.kafka)
+            found = AvroSerializer(self.registry, subject, spec.schema, validate=False)
+            self._serializers[logical] = found
+        return found
+
+    def encode(self, out: Outputs) -> list[KafkaRecord]:
+        """Every record of `out`: events, retries, dead letters."""
+        records: list[KafkaRecord] = []
+        for ev in out.events:
+            records.append(self._one(EVENTS_TOPIC, ev["delivery_id"], ev))
+        for rec in out.retries:
+            records.append(self._one(retry_topic(rec["traffic_class"]), rec["delivery_id"], rec))
+        for letter in out.dead_letters:
+            records.append(self._dead(letter))
+        return records
+
+    def device_record(self, user_id: str, record: Mapping[str, Any]) -> KafkaRecord:
+        """A contact_points record for herald.devices (raises SerdeError: the caller decides)."""
+        value = self.serializer(DEVICES_TOPIC)(record)
+        return KafkaRecord(self.kafka.topic(DEVICES_TOPIC), user_id, value)
+
+    def _one(self, logical: str, key: str, value: Mapping[str, Any]) -> KafkaRecord:
+        topic = self.kafka.topic(logical)
+        try:
+            return KafkaRecord(topic, key, self.serializer(logical)(value))
+        except SerdeError as exc:
+            log.error("encode.failed job=%s topic=%s reason=%s", JOB, topic, exc.reason)
+            letter = dead_letter(
+                source_topic=topic, reason="encode_failed", job=JOB, key=key,
+                value=orjson.dumps(value, default=str), detail=f"{exc.reason}: {exc.detail}",
+                delivery_id=key,
+            )  # fmt: skip
+            return self._letter(letter)
+
+    def _dead(self, out: DeadLetterOut) -> KafkaRecord:
+        rec = out.record
+        logical = deliveries_topic(rec["channel"], rec["traffic_class"])
+        source = self.kafka.topic(logical)
+        msg = out.message
+        value = self.serializer(logical)(rec)
+        letter = dead_letter(
+            source_topic=source, reason=out.reason.split(":", 1)[0], detail=out.reason, job=JOB,
+            partition=msg.partition if msg else -1, offset=msg.offset if msg else -1,
+            key=rec["delivery_id"], value=value, attempts=int(rec.get("attempt") or 0),
+            delivery_id=rec["delivery_id"], expire_at=rec.get("expire_at"),
+        )  # fmt: skip
+        log.warning("dispatch.dead_lettered reason=%s attempts=%s", out.reason, rec.get("attempt"))
+        return self._letter(letter)
+
+    def _letter(self, letter: dict[str, Any]) -> KafkaRecord:
+        value = self.serializer(DEAD_LETTER_TOPIC)(letter)
+        return KafkaRecord(self.kafka.topic(DEAD_LETTER_TOPIC), letter["source_topic"], value)

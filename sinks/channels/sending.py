@@ -1,0 +1,136 @@
+"""Shaped, concurrent provider calls for one round of a dispatch batch.
+
+`ShapedSender.send(items)` groups the items by (provider, tenant), takes rate tokens for each
+group in one `RateShaper.acquire` round trip, hands every granted chunk to the partition's event
+loop at once (`asyncio.gather`, bounded by each client's own concurrency limit, HTTP/2 streams
+for APNs) and keeps taking tokens while those chunks are in flight. When a group gets fewer
+tokens than it asks for, the worker sleeps for the shaper's `wait_s` (the backlog stays in
+Kafka: backpressure) up to `shape_max_wait_s` per round; what is still not granted then is
+returned as `deferred` (the caller requeues it through the retry topic, no attempt counted).
+
+SENDING events are emitted when a chunk is submitted. A client that raises (a bug) yields
+`Unknown("client_error")`: the request may have left, so it is never blindly retried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import time
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from herald.dispatching import event
+from herald.outcomes import Outcome, Unknown
+from herald.shaping import RateShaper, TrafficClass
+from herald.states import State
+from sinks.channels.clients import Providers
+from sinks.channels.work import Item
+
+__all__ = ["ShapedSender"]
+
+log = logging.getLogger(__name__)
+
+Sent = list[tuple[Item, Outcome]]
+
+
+class ShapedSender:
+    """Token-bucket shaped sends of one sink partition (see the module docstring)."""
+
+    def __init__(
+        self,
+        providers: Providers,
+        shaper: RateShaper,
+        shaped: frozenset[str],
+        *,
+        max_wait_s: float,
+        clock: Callable[[], datetime],
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.providers = providers
+        self.shaper = shaper
+        self.shaped = shaped
+        self.max_wait_s = max_wait_s
+        self.clock = clock
+        self.sleep = sleep
+
+    def send(self, items: list[Item], events: list[dict[str, Any]]) -> tuple[Sent, list[Item]]:
+        """(items with their outcomes, items deferred for lack of tokens); appends SENDING."""
+        if not items:
+            return [], []
+        self.providers.ensure([it.provider for it in items])
+        groups: dict[tuple[str, str], list[Item]] = {}
+        for it in items:
+            groups.setdefault((it.provider, str(it.delivery["tenant_id"])), []).append(it)
+        futures: list[tuple[list[Item], concurrent.futures.Future[list[Outcome]]]] = []
+        deadline = time.monotonic() + self.max_wait_s
+        while groups:
+            wait = self._grant_round(groups, futures, events)
+            if not groups:
+                break
+            if time.monotonic() + wait > deadline:
+                break
+            self.sleep(wait)
+        deferred = [it for group in groups.values() for it in group]
+        sent: Sent = []
+        for chunk, future in futures:
+            sent.extend(zip(chunk, future.result(), strict=True))
+        return sent, deferred
+
+    def _grant_round(
+        self,
+        groups: dict[tuple[str, str], list[Item]],
+        futures: list[tuple[list[Item], concurrent.futures.Future[list[Outcome]]]],
+        events: list[dict[str, Any]],
+    ) -> float:
+        """Take tokens for every group once; submit what was granted; return the least wait."""
+        wait = float("inf")
+        for key in list(groups):
+            provider, tenant = key
+            group = groups[key]
+            granted = len(group)
+            if provider in self.shaped:
+                cls: TrafficClass = group[0].traffic_class  # type: ignore[assignment]
+                grant = self.shaper.acquire(provider, cls, tenant, len(group))
+                granted = grant.granted
+                if granted < len(group):
+                    wait = min(wait, grant.wait_s)
+            if granted:
+                chunk, groups[key] = group[:granted], group[granted:]
+                self._submit(provider, chunk, futures, events)
+            if not groups[key]:
+                del groups[key]
+        return 0.0 if wait == float("inf") else wait
+
+    def _submit(
+        self,
+        provider: str,
+        chunk: list[Item],
+        futures: list[tuple[list[Item], concurrent.futures.Future[list[Outcome]]]],
+        events: list[dict[str, Any]],
+    ) -> None:
+        now = self.clock()
+        for it in chunk:
+            if it.first_attempt_at is None:
+                it.first_attempt_at = now
+            events.append(
+                event(it.delivery, State.SENDING, attempt=it.attempt, now=now, provider=provider)
+            )
+        deliveries = [it.delivery for it in chunk]
+        futures.append((chunk, self.providers.loop.submit(self._send_all(provider, deliveries))))
+
+    async def _send_all(self, provider: str, deliveries: list[dict[str, Any]]) -> list[Outcome]:
+        results = await asyncio.gather(
+            *(self.providers.send(provider, d) for d in deliveries), return_exceptions=True
+        )
+        out: list[Outcome] = []
+        for result in results:
+            if isinstance(result, BaseException):
+                log.error("dispatch.client_error provider=%s error=%s",
+                          provider, type(result).__name__)  # fmt: skip
+                out.append(Unknown("client_error", provider=provider))
+            else:
+                out.append(result)
+        return out

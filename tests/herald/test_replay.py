@@ -20,8 +20,6 @@ from tests.dataflows.helpers import consume, encoder
 from tests.dataflows.test_receipts import FlowJob, wait_for
 from tests.infra.test_analytics import scenario
 
-NOW = datetime.now(UTC)
-
 
 def produce_at(
     settings: HeraldSettings, topic: str, records: list[tuple[bytes, bytes, int]]
@@ -71,12 +69,13 @@ def test_parse_time() -> None:
 
 @pytest.mark.integration
 def test_rebuild_clickhouse_twice_changes_no_count(settings: HeraldSettings) -> None:
+    now = datetime.now(UTC)
     tenant = f"t-{uuid.uuid4().hex[:8]}"
-    n = produce_events(settings, tenant, NOW)
+    n = produce_events(settings, tenant, now)
     other = f"t-{uuid.uuid4().hex[:8]}"
-    produce_events(settings, other, NOW - timedelta(hours=3))  # outside the range
+    produce_events(settings, other, now - timedelta(hours=3))  # outside the range
     seen: list[tuple[int, int]] = []
-    frm, to = NOW - timedelta(minutes=5), NOW + timedelta(minutes=1)
+    frm, to = now - timedelta(minutes=5), now + timedelta(minutes=1)
 
     result = replay(
         settings, "herald.delivery-events", frm, to, progress=lambda d, t: seen.append((d, t))
@@ -92,21 +91,22 @@ def test_rebuild_clickhouse_twice_changes_no_count(settings: HeraldSettings) -> 
 
 @pytest.mark.integration
 def test_dead_letters_are_redriven_once_keeping_their_bytes(settings: HeraldSettings) -> None:
+    now = datetime.now(UTC)
     source = settings.kafka.topic("herald.deliveries.sms.bulk")
-    later = NOW + timedelta(hours=1)
+    later = now + timedelta(hours=1)
     letters = [
         dead_letter(source_topic=source, partition=0, offset=7, key=b"d-1", value=b"\x00v1",
                     reason="retries_exhausted", detail="", job="dispatch", delivery_id="d-1",
                     expire_at=later),
         dead_letter(source_topic=source, partition=0, offset=8, key=b"d-2", value=b"\x00v2",
                     reason="retries_exhausted", detail="", job="dispatch", delivery_id="d-2",
-                    expire_at=NOW - timedelta(minutes=1)),
+                    expire_at=now - timedelta(minutes=1)),
         dead_letter(source_topic=source, reason="encode_failed", detail="", job="plan",
                     value=b"{}"),
     ]  # fmt: skip
     encode = encoder(settings, "herald.dead-letters")
-    produce_at(settings, "herald.dead-letters", [(b"k", encode(d), ms(NOW)) for d in letters])
-    frm, to = NOW - timedelta(minutes=1), NOW + timedelta(minutes=1)
+    produce_at(settings, "herald.dead-letters", [(b"k", encode(d), ms(now)) for d in letters])
+    frm, to = now - timedelta(minutes=1), now + timedelta(minutes=1)
 
     first = replay(settings, "herald.dead-letters", frm, to)
     assert (first.mode, first.written) == ("redrive", 1)
@@ -122,10 +122,11 @@ def test_dead_letters_are_redriven_once_keeping_their_bytes(settings: HeraldSett
 
 @pytest.mark.integration
 def test_copy_into_another_topic(settings: HeraldSettings) -> None:
-    records = [(f"k{i}".encode(), f"v{i}".encode(), ms(NOW)) for i in range(30)]
+    now = datetime.now(UTC)
+    records = [(f"k{i}".encode(), f"v{i}".encode(), ms(now)) for i in range(30)]
     produce_at(settings, "herald.receipts.raw", records)
-    result = replay(settings, "herald.receipts.raw", NOW - timedelta(minutes=1),
-                    NOW + timedelta(minutes=1), into="herald.social-events")  # fmt: skip
+    result = replay(settings, "herald.receipts.raw", now - timedelta(minutes=1),
+                    now + timedelta(minutes=1), into="herald.social-events")  # fmt: skip
     assert (result.mode, result.written) == ("copy", 30)
     copied = consume(settings, "herald.social-events")
     assert sorted(copied) == sorted((k, v) for k, v, _ in records)
@@ -150,10 +151,11 @@ def warehouse_events(port: int) -> float:
 def test_warehouse_job_loads_every_event_and_replays_change_nothing(
     settings: HeraldSettings, subprocess_env: dict[str, str]
 ) -> None:
+    now = datetime.now(UTC)
     from infra.process import free_port
 
     tenant = f"t-{uuid.uuid4().hex[:8]}"
-    n = produce_events(settings, tenant, NOW)
+    n = produce_events(settings, tenant, now)
     port = free_port("127.0.0.1")
     env = {**subprocess_env, "HERALD_METRICS_PORT": str(port)}
     job = FlowJob("dataflows.warehouse:build_flow()", env, "-s", "1")
@@ -162,7 +164,7 @@ def test_warehouse_job_loads_every_event_and_replays_change_nothing(
         first = counts(settings, tenant)
         assert warehouse_events(port) == n
         # re-drive the range through Kafka (the job loads it again) and into ClickHouse directly
-        frm, to = NOW - timedelta(minutes=1), NOW + timedelta(minutes=1)
+        frm, to = now - timedelta(minutes=1), now + timedelta(minutes=1)
         redriven = replay(
             settings, "herald.delivery-events", frm, to, into="herald.delivery-events"
         )

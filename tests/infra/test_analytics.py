@@ -23,13 +23,13 @@ from infra.migrate import MIGRATIONS_DIR
 
 pytestmark = pytest.mark.integration
 
-T0 = datetime.now(UTC).replace(second=0, microsecond=0) - timedelta(minutes=10)
 
-
-def ev(tenant: str, delivery: str, state: str, minute: int, **changes: Any) -> dict[str, Any]:
+def event(
+    tenant: str, delivery: str, state: str, minute: int, t0: datetime, **changes: Any
+) -> dict[str, Any]:
     """A delivery_event of `delivery` (channel from its name: 'sms-1' -> sms)."""
     channel = changes.pop("channel", delivery.split("-")[0])
-    at = T0 + timedelta(minutes=minute, seconds=1)
+    at = t0 + timedelta(minutes=minute, seconds=1)
     return {
         "event_id": ids.event_id(delivery, state, 1), "delivery_id": f"{tenant}:{delivery}",
         "notification_id": f"{tenant}:n", "user_id": "u-1", "tenant_id": tenant,
@@ -39,9 +39,15 @@ def ev(tenant: str, delivery: str, state: str, minute: int, **changes: Any) -> d
     }  # fmt: skip
 
 
-def scenario(tenant: str) -> list[dict[str, Any]]:
-    """Two requests; six deliveries over four channels, some events out of order."""
+def scenario(tenant: str, t0: datetime | None = None) -> list[dict[str, Any]]:
+    """Two requests; six deliveries over four channels, some events out of order, starting
+    10 minutes before now (or at `t0`)."""
     sms, push, mail = {"provider": "sms_a"}, {"provider": "apns"}, {"provider": "email"}
+    start = t0 or datetime.now(UTC).replace(second=0, microsecond=0) - timedelta(minutes=10)
+
+    def ev(tenant: str, delivery: str, state: str, minute: int, **changes: Any) -> dict[str, Any]:
+        return event(tenant, delivery, state, minute, start, **changes)
+
     return [
         ev(tenant, "req-1", "ACCEPTED", 0, channel="", delivery_id=f"{tenant}:n"),
         ev(tenant, "req-2", "ACCEPTED", 0, channel="", delivery_id=f"{tenant}:n2"),
@@ -91,7 +97,8 @@ def by(rows: list[dict[str, Any]], key: str) -> dict[str, dict[str, Any]]:
 
 def test_reports_answer_the_seed_questions_and_replays_change_nothing(client: Client) -> None:
     tenant = f"t-{uuid.uuid4().hex[:8]}"
-    insert(client, scenario(tenant))
+    events = scenario(tenant)
+    insert(client, events)
     first = panels(client, tenant)
 
     rates = by(first["report_rates"], "channel")
@@ -123,8 +130,8 @@ def test_reports_answer_the_seed_questions_and_replays_change_nothing(client: Cl
     errors = by(first["provider_errors"], "provider")
     assert errors["email"]["failed"] == 1 and errors["email"]["error_rate"] == pytest.approx(1 / 3)
 
-    insert(client, scenario(tenant))  # a replay of the whole range
-    insert(client, scenario(tenant)[::-1])  # and again, in reverse order
+    insert(client, events)  # a replay of the whole range
+    insert(client, events[::-1])  # and again, in reverse order
     assert panels(client, tenant) == first
 
 

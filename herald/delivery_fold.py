@@ -289,10 +289,10 @@ class DeliveryFold:
                 retry = states.transition(self.ctx.channel, self.state, p_target)
                 if retry.outcome is states.Outcome.PREMATURE:
                     continue
-                self.pending.remove(item)
+                self.pending.remove(item)  # the list shrinks: the loop ends
+                progressed = True
                 if retry.changed:
                     self._enter(retry.state, p_ev, p_topic, now, cfg, out)
-                    progressed = True
                 if p_ev is not None:
                     out.append(Fact(fact_row(p_ev, str(retry.outcome), now, self.ctx)))
                 break

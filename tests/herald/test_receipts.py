@@ -214,6 +214,16 @@ def test_premature_open_waits_for_delivered() -> None:
     assert statuses(out) == ["DELIVERED", "OPENED"] and emitted(out) == []  # both already on topic
 
 
+def test_several_premature_events_are_all_resolved() -> None:
+    fold = DeliveryFold()
+    email = {"channel": "email", "provider": "email"}
+    fold.on_event(event("PROVIDER_ACCEPTED", **email), NOW, CFG)
+    for state in ("CLICKED", "OPENED"):  # clicked first: opened is stale once clicked
+        fold.on_event(event(state, **email), NOW, CFG)
+    out = fold.on_event(event("DELIVERED", **email), NOW, CFG)
+    assert statuses(out) == ["DELIVERED", "CLICKED"] and fold.pending == []
+
+
 def test_unmappable_receipt_is_kept_and_counted() -> None:
     fold = DeliveryFold()
     fold.on_event(event("PROVIDER_ACCEPTED"), NOW, CFG)

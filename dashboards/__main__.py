@@ -19,7 +19,9 @@ from herald.config import HeraldSettings
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit code."""
-    parser = argparse.ArgumentParser(description="Serve the Herald dashboard.")
+    parser = argparse.ArgumentParser(
+        prog="python -m dashboards", description="Serve the Herald dashboard."
+    )
     parser.add_argument("--host", default="127.0.0.1", help="listen address")
     parser.add_argument("--port", type=int, default=8050, help="listen port (0: any free port)")
     parser.add_argument("--providers", default=",".join(DEFAULT_PROVIDERS),

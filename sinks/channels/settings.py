@@ -9,7 +9,8 @@ sinks/providers/config.py). Dict-valued fields take JSON in the environment, e.g
 
 Every process that calls a provider must use the same `rates` for it (the token bucket is shared
 through Redis). The send guard's PENDING TTL must outlast the longest hold of a guard: the
-shaping wait of a batch plus two provider calls (an A→B failover) plus a margin; this is checked.
+shaping wait of a batch plus two provider calls (an A→B failover), with a 50 % margin;
+this is checked.
 """
 
 from __future__ import annotations
@@ -128,11 +129,11 @@ class DispatchSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _check(self) -> DispatchSettings:
-        hold = self.shape_max_wait_s + 2 * self.call_timeout_s + 5.0
+        hold = 1.5 * (self.shape_max_wait_s + 2 * self.call_timeout_s)
         if self.pending_ttl_s <= hold:
             raise ValueError(
-                f"pending_ttl_s ({self.pending_ttl_s}) must exceed shape_max_wait_s + "
-                f"2 x call_timeout_s + 5 s = {hold}"
+                f"pending_ttl_s ({self.pending_ttl_s}) must exceed 1.5 x (shape_max_wait_s + "
+                f"2 x call_timeout_s) = {hold}"
             )
         for rate in self.rates.values():
             rate.build()

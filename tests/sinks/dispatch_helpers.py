@@ -98,7 +98,9 @@ def delivery(channel: str = "push", **changes: Any) -> dict[str, Any]:
     return base
 
 
-def factories(sims: Mapping[str, RunningSimulator], redis_url: str, **kw: Any) -> dict[str, Factory]:
+def factories(
+    sims: Mapping[str, RunningSimulator], redis_url: str, **kw: Any
+) -> dict[str, Factory]:
     """Client factories pointing at the given simulators (names as provider keys)."""
     out: dict[str, Factory] = {"inbox": lambda: InboxClient(redis_url)}
     makers: dict[str, Callable[[RunningSimulator], Any]] = {
@@ -180,9 +182,11 @@ def accepted_for(sim: RunningSimulator, address: str) -> int:
 
 def put_prefs(client: redis.Redis, user: str, **changes: Any) -> None:
     """Write the API's copy of a user's preferences."""
-    record = {"user_id": user, "global_opt_out": False, "category_opt_out": [],
-              "channel_opt_out": [], "category_channel_opt_out": [], "quiet_hours": None,
-              "timezone": None, "locale": None, "updated_at": 0, "version": 1, **changes}  # fmt: skip
+    record = {
+        "user_id": user, "global_opt_out": False, "category_opt_out": [], "channel_opt_out": [],
+        "category_channel_opt_out": [], "quiet_hours": None, "timezone": None, "locale": None,
+        "updated_at": 0, "version": 1, **changes,
+    }  # fmt: skip
     client.set(keys.prefs(user), orjson.dumps(record))
 
 

@@ -241,8 +241,13 @@ def test_concurrent_workers_send_once(fresh: dict, url: str) -> None:
     batch = [delivery() for _ in range(30)]
     cfg = dispatch_settings()
     results: list = []
-    with harness(url, factories(fresh, url), cfg) as a, harness(url, factories(fresh, url), cfg) as b:
-        threads = [threading.Thread(target=lambda h=h: results.append(h.run(batch))) for h in (a, b)]
+    with (
+        harness(url, factories(fresh, url), cfg) as a,
+        harness(url, factories(fresh, url), cfg) as b,
+    ):
+        threads = [
+            threading.Thread(target=lambda h=h: results.append(h.run(batch))) for h in (a, b)
+        ]
         for t in threads:
             t.start()
         for t in threads:

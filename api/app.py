@@ -17,6 +17,7 @@ from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
+from starlette.types import ASGIApp
 
 from api.auth import Tenants
 from api.kafka import AsyncProducer
@@ -128,14 +129,18 @@ async def metrics(request: Request) -> Response:
     return Response(generate_latest(st.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 
-def create_app_from_env() -> FastAPI:
+def create_app_from_env() -> ASGIApp:
     """The app with every setting read from the environment (uvicorn factory of `python -m api`).
 
     Callback secrets default to the embedded simulators' credentials under
-    `<run_dir>/simulators` unless HERALD_PROVIDERS_* are set (api/settings.py).
+    `<run_dir>/simulators` unless HERALD_PROVIDERS_* are set (api/settings.py). The hot path
+    (POST /v1/notifications) is wrapped around the FastAPI app, outside its middleware stack.
     """
+    from api.fastpath import NotificationsFastPath
+
     settings = HeraldSettings()
     providers = ProviderSecrets()
     if providers.simulator_dir is None:
         providers.simulator_dir = settings.run.run_dir / "simulators"
-    return create_app(settings, api=ApiSettings(), providers=providers)
+    app = create_app(settings, api=ApiSettings(), providers=providers)
+    return NotificationsFastPath(app, app.state.herald)

@@ -113,6 +113,8 @@ async def list_items(
 ) -> tuple[list[dict[str, Any]], str | None, int]:
     """(items newest first with `read`, next cursor, unread count)."""
     zkey = keys.inbox_items(user_id)
+    entries: list[Any]
+    raw: Any
     if cursor is None:
         entries = await client.zrange(zkey, "+inf", "-inf", desc=True, byscore=True,
                                       offset=0, num=limit + 1, withscores=True)  # fmt: skip
@@ -121,8 +123,9 @@ async def list_items(
         ties = int(await client.zcount(zkey, score, score))
         raw = await client.zrange(zkey, score, "-inf", desc=True, byscore=True,
                                   offset=0, num=limit + ties + 1, withscores=True)  # fmt: skip
-        entries = [(m, s) for m, s in raw if not (int(s) == score and m >= last_id)]
-    page, more = entries[:limit], len(entries) > limit
+        entries = [(str(m), s) for m, s in raw if not (int(s) == score and str(m) >= last_id)]
+    page: list[tuple[str, float]] = [(str(e[0]), float(e[1])) for e in entries[:limit]]
+    more = len(entries) > limit
     ids = [m for m, _ in page]
     items: list[dict[str, Any]] = []
     if ids:

@@ -81,15 +81,15 @@ class ApiSettings(BaseSettings):
     catalog_file: Path | None = None
     # Externally visible base URL (Twilio signs the full URL it posted to); None = request URL.
     public_base_url: str | None = None
-    max_body_bytes: int = Field(64 * 1024, ge=1024)
-    max_callback_body_bytes: int = Field(1024 * 1024, ge=1024)
+    max_body_bytes: int = Field(default=64 * 1024, ge=1024)
+    max_callback_body_bytes: int = Field(default=1024 * 1024, ge=1024)
     # How long a request may wait for Kafka's delivery report before 503.
-    ack_timeout_seconds: float = Field(5.0, gt=0)
-    idempotency_ttl_seconds: int = Field(24 * 3600, ge=60)
-    status_ttl_seconds: int = Field(30 * 24 * 3600, ge=60)
-    send_at_max_past_seconds: int = Field(300, ge=0)
-    send_at_max_future_days: int = Field(90, ge=1)
-    inbox_max_items: int = Field(500, ge=1)
+    ack_timeout_seconds: float = Field(default=5.0, gt=0)
+    idempotency_ttl_seconds: int = Field(default=24 * 3600, ge=60)
+    status_ttl_seconds: int = Field(default=30 * 24 * 3600, ge=60)
+    send_at_max_past_seconds: int = Field(default=300, ge=0)
+    send_at_max_future_days: int = Field(default=90, ge=1)
+    inbox_max_items: int = Field(default=500, ge=1)
     # OTP abuse limits: (count, window seconds) per phone, end-user IP and end-user device.
     otp_per_phone: tuple[int, int] = (5, 600)
     otp_per_ip: tuple[int, int] = (20, 600)

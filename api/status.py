@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import orjson
 from pydantic import BaseModel, ConfigDict
@@ -75,7 +75,7 @@ def layers_for(state: str, channel: str) -> Layers:
         derived = states.layers(channel, states.State(state))
     except (KeyError, ValueError):  # a channel or state this API version does not know
         derived = {"provider_accepted": "unknown", "delivered": "unknown"}
-    return Layers(accepted="yes", **derived)
+    return Layers(accepted="yes", **cast(dict[str, Any], derived))
 
 
 def status_entry(
@@ -118,10 +118,11 @@ async def read_status(
     """The status view, or None when unknown to this tenant (other tenants see 404 too)."""
     from api.state import from_ms
 
-    meta = await st.redis.hgetall(keys.notif(nid))
+    meta: dict[str, str] = await st.redis.hgetall(keys.notif(nid))  # type: ignore[assignment]
     if not meta or meta.get("tenant_id") != tenant_id:
         return None
-    next_cursor, fields = await st.redis.hscan(keys.status(nid), cursor=cursor, count=limit)
+    scanned: Any = await st.redis.hscan(keys.status(nid), cursor=cursor, count=limit)
+    next_cursor, fields = int(scanned[0]), cast(dict[str, str], scanned[1])
     deliveries = sorted(
         (_delivery(d, raw) for d, raw in fields.items()), key=lambda d: (d.user_id, d.channel)
     )

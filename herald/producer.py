@@ -25,7 +25,7 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from pydantic import ValidationError
@@ -104,7 +104,7 @@ class HeraldProducer:
     ) -> tuple[str, dict[str, Any]]:
         """Validate `request` (dict or NotificationCreate); returns (topic, record)."""
         from api.intake import check_against_catalog
-        from api.models import NotificationCreate, to_request_record
+        from api.models import NotificationCreate, TrafficClass, to_request_record
         from api.problems import ProblemError
 
         try:
@@ -127,7 +127,7 @@ class HeraldProducer:
             model,
             nid,
             self.tenant_id,
-            nt.traffic_class,
+            cast(TrafficClass, nt.traffic_class),
             when,
             self.source,  # type: ignore[arg-type]
         )

@@ -88,7 +88,7 @@ async def _claim(st: AppState, rate_key: str, limit: int, nid: str, pending: str
             return ["limited", ""]
         if await st.redis.set(keys.idem(nid), pending, ex=ttl, nx=True):
             return ["new", ""]
-        return ["exists", await st.redis.get(keys.idem(nid)) or ""]
+        return ["exists", str(await st.redis.get(keys.idem(nid)) or "")]
     return await st.script(  # type: ignore[no-any-return]
         _ACCEPT_SCRIPT, [rate_key, keys.idem(nid)], [limit, pending, ttl]
     )

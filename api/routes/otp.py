@@ -33,7 +33,7 @@ async def otp_verified(
     """Count the verification once."""
     st, tenant = await guarded(request, "otp:verify")
     try:
-        meta = await st.redis.hgetall(keys.notif(notification_id))
+        meta: dict[str, str] = await st.redis.hgetall(keys.notif(notification_id))  # type: ignore[assignment]
         if not meta or meta.get("tenant_id") != tenant.tenant_id or meta.get("otp") != "1":
             raise ProblemError(404, "otp_not_found", "no OTP notification with this id")
         first = await st.redis.set(

@@ -3,21 +3,31 @@
 One Avro serializer per logical topic (its schema and subject from infra/topics.toml), built on
 first use. Records are built by trusted code, so the serializers skip the per-record schema check
 (`validate=False`, ~2x faster); a record fastavro still refuses becomes an `encode_failed` dead
-letter. Used as a `flat_map_batch` mapper: dead-letter dicts in the batch pass through.
+letter. Used as a `flat_map_batch` mapper: other items in the batch (dead-letter dicts, ready
+KafkaRecords) pass through.
+
+Shaped outputs (`Output.shape`, set by the plan job for records that differ only in their ids)
+of the delivery and delivery_event schemas are spliced (dataflows/_splice.py): the shared
+fields are encoded once per shape and checked once against fastavro's bytes (a mismatch logs
+`encode.splice_mismatch` and that shape falls back to fastavro); per record only the ids are
+encoded.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 from typing import Any
 
+from dataflows._splice import SpliceEncoder
 from herald.config import HeraldSettings
 from herald.errors import SerdeError
 from herald.plan_records import Output
 from infra.topics import load_topics, physical_subject
+from schemas import schema_text
 from schemas.registry import SchemaRegistry
-from schemas.serde import AvroSerializer
+from schemas.serde import AvroSerializer, frame
 from sinks.kafka import KafkaRecord, dead_letter
 
 __all__ = ["Encoder"]
@@ -25,6 +35,42 @@ __all__ = ["Encoder"]
 log = logging.getLogger(__name__)
 
 DeadLetter = dict[str, Any]
+# Fields that differ between records of one shape, per schema (see herald.plan_records.Output).
+SPLICED = {
+    "delivery": ("delivery_id", "user_id", "address"),
+    "delivery_event": ("event_id", "delivery_id", "user_id"),
+}
+_MAX_SHAPES = 4096
+
+
+class _Splicer:
+    """Shape -> encoded shared fields, for one schema; None marks a shape that fell back."""
+
+    def __init__(self, schema: str, header: bytes) -> None:
+        self.encoder = SpliceEncoder(json.loads(schema_text(schema)), SPLICED[schema])
+        self.header = header
+        self.shapes: dict[tuple[Any, ...], tuple[bytes, ...] | None] = {}
+
+    def encode(self, item: Output, fallback: Callable[[Any], bytes]) -> bytes:
+        """Framed bytes of `item` (fastavro's for a new shape, which also validates it)."""
+        assert item.shape is not None
+        segments = self.shapes.get(item.shape, _NEW)
+        if segments is _NEW:
+            data = fallback(item.value)
+            segments = self.encoder.segments(item.value)
+            if self.header + self.encoder.encode(segments, item.value) != data:
+                log.error("encode.splice_mismatch schema=%s", self.encoder.varying)
+                segments = None
+            if len(self.shapes) >= _MAX_SHAPES:
+                self.shapes.clear()
+            self.shapes[item.shape] = segments
+            return data
+        if segments is None:
+            return fallback(item.value)
+        return self.header + self.encoder.encode(segments, item.value)
+
+
+_NEW: Any = object()
 
 
 class Encoder:
@@ -35,16 +81,20 @@ class Encoder:
         self.registry = registry
         self.job = job
         self.specs = load_topics()
-        self._serializers: dict[str, tuple[str, Callable[[Any], bytes]]] = {}
+        self._serializers: dict[str, tuple[str, Callable[[Any], bytes], _Splicer | None]] = {}
 
-    def _serializer(self, logical: str) -> tuple[str, Callable[[Any], bytes]]:
+    def _serializer(self, logical: str) -> tuple[str, Callable[[Any], bytes], _Splicer | None]:
         found = self._serializers.get(logical)
         if found is None:
             spec = self.specs[logical]
             serializer = AvroSerializer(
                 self.registry, physical_subject(spec, self.kafka), spec.schema, validate=False
             )
-            found = self._serializers[logical] = (self.kafka.topic(logical), serializer)
+            splicer = None
+            if spec.schema in SPLICED:
+                splicer = _Splicer(spec.schema, frame(serializer.schema_id, b""))
+            found = (self.kafka.topic(logical), serializer, splicer)
+            self._serializers[logical] = found
         return found
 
     def __call__(self, batch: list[Output | DeadLetter]) -> list[KafkaRecord | DeadLetter]:
@@ -54,9 +104,13 @@ class Encoder:
             if not isinstance(item, Output):
                 out.append(item)
                 continue
-            topic, serialize = self._serializer(item.topic)
+            topic, serialize, splicer = self._serializer(item.topic)
             try:
-                out.append(KafkaRecord(topic, item.key, serialize(item.value)))
+                if item.shape is not None and splicer is not None:
+                    data = splicer.encode(item, serialize)
+                else:
+                    data = serialize(item.value)
+                out.append(KafkaRecord(topic, item.key, data))
             except SerdeError as exc:
                 log.error("encode.failed job=%s topic=%s reason=%s", self.job, topic, exc.reason)
                 out.append(

@@ -20,6 +20,7 @@ from herald.catalog import Catalog, CatalogLookupError
 from herald.config import HeraldSettings
 from herald.errors import HeraldError
 from herald.plan_records import (
+    CapDays,
     Output,
     Rejected,
     Renderer,
@@ -87,6 +88,7 @@ class Planner:
         out: list[Output | DeadLetter] = []
         plans: list[tuple[PlanRequest, Any, list[Decision]]] = []
         charges: list[tuple[int, CapCharge]] = []
+        days = CapDays(now)
         for _shard, planned in batch:
             request = planned.request
             for view in planned.users:
@@ -95,7 +97,7 @@ class Planner:
                 except HeraldError as exc:  # a bad value in this user's state
                     out.append(_user_letter(request, view.user_id, None, _code(exc), str(exc)))
                     continue
-                bucket = cap_charge(self.catalog, request, view, decisions, now)
+                bucket = cap_charge(self.catalog, request, view, decisions, now, days)
                 if bucket is not None:
                     charges.append(
                         (len(plans), CapCharge(bucket, view.user_id, request.notification_id))

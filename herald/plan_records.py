@@ -26,15 +26,16 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import date, datetime
 from math import ceil
 from typing import Any, NamedTuple
 
 from herald import ids
-from herald.caps import CapBucket, cap_bucket
+from herald.caps import CapBucket, cap_key, ttl_seconds
 from herald.catalog import Catalog, TemplateError
 from herald.planning import PlanRequest, UserView
 from herald.policy import Address, Decision, Hold, Send, Suppress, decide
+from herald.quiet_hours import local_day
 from herald.render import BoundTemplate, Rendered, compiled
 from herald.scheduling import local_send_at
 from herald.states import State
@@ -45,6 +46,7 @@ __all__ = [
     "Output",
     "Rejected",
     "Renderer",
+    "CapDays",
     "cap_charge",
     "deliveries_topic",
     "event_record",
@@ -63,11 +65,17 @@ def deliveries_topic(channel: str, traffic_class: str) -> str:
 
 
 class Output(NamedTuple):
-    """A record for logical `topic` with Kafka key `key` (a delivery_id)."""
+    """A record for logical `topic` with Kafka key `key` (a delivery_id).
+
+    `shape`, when set, identifies every field of `value` except the per-record ids (delivery_id,
+    user_id, address; event_id): records with the same shape differ only in those, which lets the
+    encoder encode the rest once (dataflows/_splice.py). None = no such promise.
+    """
 
     topic: str
     key: str
     value: dict[str, Any]
+    shape: tuple[Any, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,21 +102,46 @@ def plan_user(
 
 
 def cap_charge(
-    catalog: Catalog, request: PlanRequest, view: UserView, decisions: list[Decision], now: datetime
+    catalog: Catalog,
+    request: PlanRequest,
+    view: UserView,
+    decisions: list[Decision],
+    now: datetime,
+    days: CapDays | None = None,
 ) -> CapBucket | None:
     """The cap bucket this user's emitted decisions must be charged to; None = not capped.
 
     The TTL is counted from `now` (when the key is written) to the end of the charged day.
+    `days` memoizes the calendar work per zone and instant (pass one per batch).
     """
+    nt = catalog.get(request.notification_type)
+    if nt.cap is None or nt.transactional:
+        return None
     instants = [now if isinstance(d, Send) else d.until for d in decisions if not _suppressed(d)]
     if not instants:
         return None
     at = min(instants)
-    nt = catalog.get(request.notification_type)
-    bucket = cap_bucket(view.user_id, nt, at, view.prefs.timezone or catalog.default_timezone)
-    if bucket is None:
-        return None
-    return replace(bucket, ttl_seconds=bucket.ttl_seconds + ceil((at - now).total_seconds()))
+    tz = view.prefs.timezone or catalog.default_timezone
+    day, ttl = (days or CapDays(now)).day(tz, at)
+    key = cap_key(view.user_id, nt.cap.bucket, day)
+    return CapBucket(key, nt.cap.bucket, nt.cap.daily_limit, day, ttl)
+
+
+class CapDays:
+    """(user-local day, key TTL from `now`) per (zone, instant): the calendar part of a cap
+    bucket (`herald.caps.cap_bucket`), computed once per zone and instant instead of per user."""
+
+    def __init__(self, now: datetime) -> None:
+        self.now = now
+        self._memo: dict[tuple[str, datetime], tuple[date, int]] = {}
+
+    def day(self, tz: str, at: datetime) -> tuple[date, int]:
+        """The local day of `at` in `tz` and the TTL of its counter written at `now`."""
+        found = self._memo.get((tz, at))
+        if found is None:
+            ttl = ttl_seconds(at, tz) + ceil((at - self.now).total_seconds())
+            found = self._memo[(tz, at)] = (local_day(at, tz), ttl)
+        return found
 
 
 def _suppressed(decision: Decision) -> bool:
@@ -126,32 +159,47 @@ class Renderer:
     """Renders deliveries; a request's shared params are bound once per channel × locale.
 
     Campaigns render once per locale and fill per-user params (`herald.render.BoundTemplate`);
-    bound templates are kept for the `max_entries` most recent (request, channel, locale).
+    a user without per-user params gets the very same `Rendered` as every other such user (a
+    field with an optional per-user param, e.g. `{% if first_name is defined %}`, renders the
+    same for all of them). Both are kept for the `max_entries` most recent
+    (request, channel, locale).
     """
 
     def __init__(self, catalog: Catalog, max_entries: int = 1024) -> None:
         self.catalog = catalog
         self.max_entries = max_entries
-        self._bound: OrderedDict[tuple[str, str, str], BoundTemplate] = OrderedDict()
+        self._bound: OrderedDict[tuple[str, str, str], tuple[BoundTemplate, Rendered | None]] = (
+            OrderedDict()
+        )
 
     def render(
         self, request: PlanRequest, channel: str, locale: str, user_params: Mapping[str, str] | None
     ) -> Rendered:
         """Render; raises `TemplateError` (code `missing_param:<name>`, `render_failed`...)."""
         key = (request.notification_id, channel, locale)
-        bound = self._bound.get(key)
-        if bound is None:
+        entry = self._bound.get(key)
+        if entry is None:
             template = compiled(
                 self.catalog, request.notification_type, channel, locale, request.template_version
             )
-            bound = template.bind(request.params)
-            self._bound[key] = bound
-            if len(self._bound) > self.max_entries:
-                self._bound.popitem(last=False)
+            entry = (template.bind(request.params), None)
+            self._remember(key, entry)
+        bound, shared = entry
         if user_params:
             extra = {k: v for k, v in user_params.items() if k not in request.params}
-            return bound.render(extra)
-        return bound.render()
+            if extra:
+                return bound.render(extra)
+        if shared is None:
+            shared = bound.render()
+            self._remember(key, (bound, shared))
+        return shared
+
+    def _remember(
+        self, key: tuple[str, str, str], entry: tuple[BoundTemplate, Rendered | None]
+    ) -> None:
+        self._bound[key] = entry
+        if len(self._bound) > self.max_entries:
+            self._bound.popitem(last=False)
 
 
 def event_record(
@@ -184,6 +232,13 @@ def event_record(
         "recorded_at": now,
         "attributes": dict(attributes) if attributes else {},
     }
+
+
+def _event_output(request: PlanRequest, event: dict[str, Any]) -> Output:
+    attributes = tuple(sorted(event["attributes"].items()))
+    shape = (request.notification_id, event["channel"], event["state"], event["reason"],
+             attributes, event["occurred_at"])  # fmt: skip
+    return Output(EVENTS_TOPIC, event["delivery_id"], event, shape)
 
 
 def _delivery_id(request: PlanRequest, user_id: str, channel: str, address: Address) -> str:
@@ -227,8 +282,22 @@ def _delivery(
     }
 
 
+def _delivery_shape(request: PlanRequest, delivery: dict[str, Any]) -> tuple[Any, ...]:
+    """Everything but delivery_id, user_id and address, for a delivery rendered without
+    per-user params (its content is then the request's for this channel and locale)."""
+    d = delivery
+    return (request.notification_id, d["channel"], d["locale"], d["template_version"],
+            d["provider"], d["platform"], d["not_before"], d["expire_at"], tuple(d["fallback"]),
+            d["created_at"])  # fmt: skip
+
+
 def _emitted(
-    request: PlanRequest, view: UserView, decision: Send | Hold, rendered: Rendered, now: datetime
+    request: PlanRequest,
+    view: UserView,
+    decision: Send | Hold,
+    rendered: Rendered,
+    now: datetime,
+    personal: bool,
 ) -> list[Output]:
     send = decision if isinstance(decision, Send) else decision.planned
     if isinstance(decision, Hold):
@@ -246,13 +315,13 @@ def _emitted(
     out: list[Output] = []
     for address in send.addresses:
         did = _delivery_id(request, view.user_id, send.channel, address)
-        out.append(
-            Output(topic, did, _delivery(request, view.user_id, send, address, did, rendered, now))
-        )
+        delivery = _delivery(request, view.user_id, send, address, did, rendered, now)
+        shape = None if personal else _delivery_shape(request, delivery)
+        out.append(Output(topic, did, delivery, shape))
         event = event_record(
             request, view.user_id, send.channel, did, state, reason, now, attributes
         )
-        out.append(Output(EVENTS_TOPIC, did, event))
+        out.append(_event_output(request, event))
     return out
 
 
@@ -266,13 +335,14 @@ def user_records(
     """Records for one user's decisions (see the module docstring)."""
     out: list[Output] = []
     rejected: list[Rejected] = []
+    personal = bool(view.params) and not request.params.keys() >= view.params.keys()
     for decision in decisions:
         if isinstance(decision, Suppress):
             did = ids.delivery_id(request.notification_id, view.user_id, decision.channel)
             event = event_record(
                 request, view.user_id, decision.channel, did, decision.state, decision.reason, now
             )
-            out.append(Output(EVENTS_TOPIC, did, event))
+            out.append(_event_output(request, event))
             continue
         send = decision if isinstance(decision, Send) else decision.planned
         try:
@@ -281,5 +351,5 @@ def user_records(
             did = ids.delivery_id(request.notification_id, view.user_id, send.channel)
             rejected.append(Rejected(view.user_id, did, exc.code, exc.detail))
             continue
-        out.extend(_emitted(request, view, decision, rendered, now))
+        out.extend(_emitted(request, view, decision, rendered, now, personal))
     return out, rejected

@@ -1,0 +1,103 @@
+"""Digest throughput: like events/s through the digest job with >= 10k active recipients.
+
+    python -m bench.digest [--events N] [--recipients R]   (own embedded stack in a temp dir)
+
+The job runs in this process (one Bytewax worker, bounded: it stops at the end of the topic) with
+recovery snapshots on, as in production (epoch 10 s). Every event is decoded, keyed by
+(recipient, type, object), deduplicated and folded into its open window; windows stay open
+(likes: 600 s), so the figure is the ingest rate of the aggregation, startup included. The
+baseline consumes the same records and produces them to a scratch topic, in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import tempfile
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from bytewax.recovery import RecoveryConfig, init_db_dir
+from bytewax.testing import run_main
+
+from bench._harness import (
+    drop_topics,
+    embedded_stack,
+    produce_all,
+    raw_baseline,
+    report,
+    scenario_settings,
+)
+from dataflows._settings import PlanningSettings
+from dataflows.digest import build_flow
+from herald.config import HeraldSettings
+from schemas.registry import make_registry
+from sinks.kafka import topic_serializer
+
+TOPIC = "herald.social-events"
+
+
+def like_events(settings: HeraldSettings, n: int, recipients: int) -> Iterator[tuple[bytes, bytes]]:
+    """`n` distinct likes from 100k actors on one post of each of `recipients` users."""
+    encode = topic_serializer(settings.kafka, make_registry(settings.registry), TOPIC)
+    rng = random.Random(3)
+    at = datetime.now(UTC)
+    for i in range(n):
+        recipient = f"r{rng.randrange(recipients)}"
+        actor = f"a{rng.randrange(100_000)}"
+        record = {
+            "event_id": f"e{i}", "event_type": "like", "actor_id": actor, "actor_name": actor,
+            "recipient_id": recipient, "object_id": f"post-{recipient}", "object_type": "post",
+            "occurred_at": at, "tenant_id": "bench",
+        }  # fmt: skip
+        yield recipient.encode(), encode(record)
+
+
+def run(base: HeraldSettings, events: int = 1_000_000, recipients: int = 20_000) -> dict[str, Any]:
+    """Produce the likes, run the job over them, measure the baseline; return the figures."""
+    settings = scenario_settings(base, "digest")
+    try:
+        started = time.perf_counter()
+        produce_all(settings, TOPIC, like_events(settings, events, recipients))
+        produced_s = time.perf_counter() - started
+        recovery = base.run.run_dir / "bench-recovery" / settings.kafka.topic_prefix
+        recovery.mkdir(parents=True)
+        init_db_dir(recovery, 1)
+        flow = build_flow(settings, planning=PlanningSettings(), bounded=True)
+        started = time.perf_counter()
+        run_main(
+            flow, epoch_interval=timedelta(seconds=10), recovery_config=RecoveryConfig(recovery)
+        )
+        job_s = time.perf_counter() - started
+        baseline = raw_baseline(settings, [TOPIC], events)
+    finally:
+        drop_topics(settings)
+    return report(
+        "digest: like events through dataflows.digest (1 worker, recovery on)",
+        {
+            "events": events,
+            "active recipients (keys)": recipients,
+            "produce (encode + send) events/s": events / produced_s,
+            "digest events/s": events / job_s,
+            "digest seconds (startup included)": job_s,
+            "baseline consume->produce rec/s": baseline["records_per_s"],
+            "digest / baseline": events / job_s / baseline["records_per_s"],
+        },
+    )
+
+
+def main() -> None:
+    """Run on a fresh embedded stack."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument("--recipients", type=int, default=20_000)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="herald-bench-") as tmp, embedded_stack(Path(tmp)) as s:
+        run(s, args.events, args.recipients)
+
+
+if __name__ == "__main__":
+    main()

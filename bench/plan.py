@@ -1,0 +1,150 @@
+"""Planning throughput: deliveries/s through the plan job (decode, policy, caps, render, encode).
+
+    python -m bench.plan [--users N]   (own embedded stack in a temp dir)
+
+Scenario: a bulk marketing campaign (marketing_campaign: push + email, capped 3/day) to N users
+with preferences and contact points in the compacted topics, sent as N/1,000 requests of 1,000
+inline users. Each user gets a policy decision per channel, a frequency-cap charge in Redis (one
+pipelined round trip per batch), a render from the per-locale bound template, then a Delivery
+and a delivery_event, both Avro-encoded and produced (acks=all). 10 % of the users opted out of
+marketing (SUPPRESSED events only), the others get 2 deliveries.
+
+The job runs in this process (one Bytewax worker, bounded) with recovery snapshots on. Figures:
+- deliveries/s: Delivery records / (time of the run with the campaign - time of the same run
+  without it): the planning rate, without startup and the user-table load (measured first);
+- output records/s: Deliveries + delivery events over the same time;
+- baseline: the same output records consumed and produced to a scratch topic, raw.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import tempfile
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from bytewax.recovery import RecoveryConfig, init_db_dir
+from bytewax.testing import run_main
+
+from bench._harness import (
+    drop_topics,
+    embedded_stack,
+    produce_all,
+    raw_baseline,
+    report,
+    scenario_settings,
+    topic_timestamps,
+)
+from dataflows._settings import PlanningSettings
+from dataflows.plan import build_flow
+from herald.config import HeraldSettings
+from schemas.registry import make_registry
+from sinks.kafka import topic_serializer
+
+OUTPUTS = ["herald.deliveries.push.bulk", "herald.deliveries.email.bulk", "herald.scheduled"]
+EVENTS = "herald.delivery-events"
+ZONES = ["Europe/Zurich", "Asia/Kolkata", "America/New_York", None]
+LOCALES = ["en", "de", "zh", None]
+PARAMS = {"headline": "Spring sale", "offer": "20% off everything", "cta_url": "https://x.test/s"}
+
+
+def _encoder(settings: HeraldSettings, topic: str) -> Any:
+    return topic_serializer(settings.kafka, make_registry(settings.registry), topic)
+
+
+def users_table(settings: HeraldSettings, users: int, topic: str) -> Iterator[tuple[bytes, bytes]]:
+    """Preferences or contact points of every user (10 % opted out of marketing)."""
+    encode = _encoder(settings, topic)
+    rng = random.Random(7)
+    now = datetime.now(UTC)
+    for i in range(users):
+        user = f"u{i:07d}"
+        if topic == "herald.preferences":
+            record: dict[str, Any] = {
+                "user_id": user, "category_opt_out": ["marketing"] if i % 10 == 0 else [],
+                "timezone": rng.choice(ZONES), "locale": rng.choice(LOCALES),
+                "updated_at": now, "version": 1,
+            }  # fmt: skip
+        else:
+            device = {"device_id": f"d{i}", "platform": "fcm", "token": f"t{i:032d}",
+                      "registered_at": now, "valid": True}  # fmt: skip
+            email = {"address": f"{user}@example.test", "verified": True}
+            record = {"user_id": user, "devices": [device], "email": email, "updated_at": now,
+                      "version": 1}  # fmt: skip
+        yield user.encode(), encode(record)
+
+
+def campaign(settings: HeraldSettings, users: int) -> Iterator[tuple[bytes, bytes]]:
+    """One request per 1,000 users."""
+    encode = _encoder(settings, "herald.requests.bulk")
+    now = datetime.now(UTC)
+    for n in range(0, users, 1000):
+        nid = f"bench-{n}"
+        record = {
+            "notification_id": nid, "request_id": nid, "tenant_id": "bench",
+            "notification_type": "marketing_campaign", "traffic_class": "bulk",
+            "recipients": {"user_ids": [f"u{i:07d}" for i in range(n, min(n + 1000, users))]},
+            "params": PARAMS, "accepted_at": now, "source": "api",
+        }  # fmt: skip
+        yield nid.encode(), encode(record)
+
+
+def _run_job(base: HeraldSettings, settings: HeraldSettings, name: str) -> float:
+    """Seconds of one bounded run of the bulk plan job, with a fresh recovery store."""
+    recovery = base.run.run_dir / "bench-recovery" / f"{settings.kafka.topic_prefix}{name}"
+    recovery.mkdir(parents=True)
+    init_db_dir(recovery, 1)
+    flow = build_flow(settings, traffic_class="bulk", planning=PlanningSettings(), bounded=True)
+    started = time.perf_counter()
+    run_main(flow, epoch_interval=timedelta(seconds=10), recovery_config=RecoveryConfig(recovery))
+    return time.perf_counter() - started
+
+
+def run(base: HeraldSettings, users: int = 100_000) -> dict[str, Any]:
+    """Produce the users and the campaign, run the job, measure the baseline; return figures."""
+    settings = scenario_settings(base, "plan")
+    try:
+        produce_all(
+            settings, "herald.preferences", users_table(settings, users, "herald.preferences")
+        )
+        produce_all(settings, "herald.devices", users_table(settings, users, "herald.devices"))
+        load_s = _run_job(base, settings, "table")
+        produce_all(settings, "herald.requests.bulk", campaign(settings, users))
+        job_s = _run_job(base, settings, "campaign")
+        span = job_s - load_s
+        deliveries = sum(topic_timestamps(settings, t)[0] for t in OUTPUTS)
+        events = topic_timestamps(settings, EVENTS)[0]
+        baseline = raw_baseline(settings, [*OUTPUTS, EVENTS], deliveries + events)
+    finally:
+        drop_topics(settings)
+    return report(
+        "plan: marketing campaign through dataflows.plan (1 worker, recovery on)",
+        {
+            "users": users,
+            "deliveries": deliveries,
+            "delivery events": events,
+            "job seconds: startup + table load": load_s,
+            "job seconds: same + campaign": job_s,
+            "plan deliveries/s": deliveries / span,
+            "plan output records/s": (deliveries + events) / span,
+            "baseline consume->produce rec/s": baseline["records_per_s"],
+            "plan records / baseline": (deliveries + events) / span / baseline["records_per_s"],
+        },
+    )
+
+
+def main() -> None:
+    """Run on a fresh embedded stack."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--users", type=int, default=100_000)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="herald-bench-") as tmp, embedded_stack(Path(tmp)) as s:
+        run(s, args.users)
+
+
+if __name__ == "__main__":
+    main()

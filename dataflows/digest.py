@@ -14,7 +14,9 @@ comments 30 s, Q&A invites 0 = direct). A window is a latency budget: it is clos
 clock (processing time) at `window_end + digest_grace_seconds` through a Bytewax timer
 (`notify_at`), or earlier when an event at or after its end arrives. An event for a window
 already closed joins the next window of its key: late events are never lost, never reopen a
-window, and every window has its own id.
+window, and every window has its own id. A window that is already overdue when its events come
+in (a backlog after downtime) closes `digest_grace_seconds` after its key's last event arrived,
+so a backlog read in many batches still becomes one notification per window.
 
 Idempotency: the window id derives from (recipient, type, object, window start), so a window
 re-emitted after a crash (closed in an epoch that did not commit) carries the same
@@ -112,6 +114,7 @@ class DigestLogic(op.StatefulBatchLogic[SocialEvent, DigestWindow, bytes]):
         self.grace = timedelta(seconds=grace)
         self.ttl = timedelta(seconds=ttl)
         self.state = _restore(resume, catalog) if resume else None
+        self.seen_at: datetime | None = None  # job time of the last event (not snapshotted)
 
     def on_batch(self, values: list[SocialEvent]) -> tuple[list[DigestWindow], bool]:
         """Fold the events in order (an event past the window's end closes it); the timer does
@@ -122,6 +125,7 @@ class DigestLogic(op.StatefulBatchLogic[SocialEvent, DigestWindow, bytes]):
             state, closed = step(state, event, self.catalog)
             out.extend(closed)
         self.state = state
+        self.seen_at = self.clock.now()
         _log_closed(out)
         return out, op.StatefulBatchLogic.RETAIN
 
@@ -132,19 +136,26 @@ class DigestLogic(op.StatefulBatchLogic[SocialEvent, DigestWindow, bytes]):
             return [], op.StatefulBatchLogic.DISCARD
         now = self.clock.now()
         out: list[DigestWindow] = []
-        if state.should_close(now - self.grace):
+        if state.should_close(now - self.grace) and not self._settling(now):
             window = state.close()
             if window is not None:
                 out.append(window)
         _log_closed(out)
         return out, state.idle(now, self.ttl)
 
+    def _settling(self, now: datetime) -> bool:
+        """True while events of an overdue window are still arriving (a backlog replay)."""
+        return self.seen_at is not None and now < self.seen_at + self.grace
+
     def notify_at(self) -> datetime | None:
-        """Window end + grace while a window is open; else when the idle TTL runs out."""
+        """Window end + grace while a window is open (for an overdue window: `grace` after its
+        last event arrived); else when the idle TTL runs out."""
         state = self.state
         if state is None:
             return None
         if state.window_end is not None:
+            if self.seen_at is not None and self.seen_at > state.window_end:
+                return self.seen_at + self.grace
             return state.window_end + self.grace
         if state.closed_until is not None:
             return state.closed_until + self.ttl

@@ -1,0 +1,138 @@
+"""The planning jobs' keyed logics, driven directly and through Bytewax's testing runner."""
+
+from __future__ import annotations
+
+import pickle
+from datetime import UTC, datetime, timedelta
+from functools import partial
+from typing import Any
+
+import bytewax.operators as op
+from bytewax.dataflow import Dataflow
+from bytewax.testing import TestingSink, TestingSource, run_main
+
+from dataflows._settings import Clock
+from dataflows._users import ChangelogDecoder, UserShardLogic, to_shards
+from dataflows.digest import DigestLogic
+from dataflows.schedule import BucketLogic
+from herald.catalog import load_catalog
+from herald.digest import SocialEvent
+from herald.planning import CaughtUp, TableUpdate, UserTasks, admit_request
+from herald.policy import Preferences
+from herald.scheduling import ScheduledEntry
+from sources.kafka import KafkaMessage
+
+CATALOG = load_catalog()
+T0 = datetime(2026, 3, 8, 9, 0, tzinfo=UTC)
+
+
+class FakeClock(Clock):
+    """A settable job clock."""
+
+    def __init__(self, now: datetime) -> None:
+        object.__setattr__(self, "at", now)
+
+    def now(self) -> datetime:
+        return self.at  # type: ignore[attr-defined,no-any-return]
+
+    def set(self, now: datetime) -> None:
+        object.__setattr__(self, "at", now)
+
+
+def tasks(*users: str) -> UserTasks:
+    rec = {
+        "notification_id": "n-1", "request_id": "r", "tenant_id": "t",
+        "notification_type": "inbox_announcement", "traffic_class": "bulk",
+        "recipients": {"user_ids": list(users), "segment_id": None},
+        "params": {"title": "t", "body": "b"}, "accepted_at": T0, "source": "api",
+    }  # fmt: skip
+    return UserTasks(admit_request(rec, CATALOG, "t:0:0"), 0, tuple((u, None) for u in users))
+
+
+def test_user_shard_waits_for_every_changelog_partition() -> None:
+    logic = UserShardLogic(frozenset({"0-prefs", "0-devices"}), None)
+    out, _ = logic.on_batch(
+        [tasks("u1"), TableUpdate("preferences", "u1", Preferences("u1", True))]
+    )
+    assert out == [] and logic.snapshot() == (tasks("u1"),)  # waiting, and kept in the snapshot
+    out, _ = logic.on_batch([CaughtUp("0-prefs")])
+    assert out == []
+    out, _ = logic.on_batch([CaughtUp("0-devices"), tasks("u2")])
+    assert [v.user_id for p in out for v in p.users] == ["u1", "u2"]
+    assert out[0].users[0].prefs.global_opt_out  # the update that came after the task applies
+    assert logic.snapshot() == ()
+    restored = UserShardLogic(frozenset({"0-prefs"}), (tasks("u3"),))
+    assert [v.user_id for p in restored.on_batch([CaughtUp("0-prefs")])[0] for v in p.users] == [
+        "u3"
+    ]
+
+
+def test_changelog_records_route_to_shards_and_bad_ones_are_dead_letters() -> None:
+    decode = ChangelogDecoder(lambda b: {"user_id": "u1", "timezone": "Mars/Base"}, "p.prefs")
+    bad = decode(KafkaMessage("p.prefs", 0, 5, b"u1", b"x"))
+    assert isinstance(bad, dict) and bad["reason"] == "invalid_timezone"
+    tombstone = decode(KafkaMessage("p.devices", 1, 9, b"u1", None))
+    assert tombstone == TableUpdate("contacts", "u1", None)
+    assert to_shards(tombstone, 8) == [(to_shards(tombstone, 8)[0][0], tombstone)]
+    assert len(to_shards(CaughtUp("0-p"), 8)) == 8
+
+
+def like(i: int, at: datetime, recipient: str = "r1") -> SocialEvent:
+    return SocialEvent(f"e{i}", "like", f"a{i}", recipient, at, "t", f"user{i}", "p1", "post")
+
+
+def test_digest_logic_closes_on_the_timer_and_expires_idle_state() -> None:
+    clock = FakeClock(T0)
+    logic = DigestLogic(CATALOG, clock, 2.0, 3600.0, None)
+    out, discard = logic.on_batch([like(i, T0) for i in range(5)] + [like(1, T0)])
+    assert (out, discard) == ([], False)
+    assert logic.notify_at() == T0 + timedelta(seconds=602)
+    restored = DigestLogic(CATALOG, clock, 2.0, 3600.0, logic.snapshot())
+    clock.set(T0 + timedelta(seconds=603))
+    for state in (logic, restored):
+        windows, discard = state.on_notify()
+        assert [(w.total, w.events) for w in windows] == [(5, 5)] and not discard
+    assert logic.notify_at() == T0 + timedelta(seconds=600 + 3600)
+    clock.set(T0 + timedelta(seconds=4300))
+    assert logic.on_notify() == ([], True)
+
+
+def test_an_overdue_window_settles_before_it_closes() -> None:
+    """A backlog (events of a window long past) read in several batches: one notification."""
+    clock = FakeClock(T0 + timedelta(hours=1))
+    logic = DigestLogic(CATALOG, clock, 2.0, 3600.0, None)
+    for i in range(3):
+        assert logic.on_batch([like(i, T0)]) == ([], False)
+        assert logic.notify_at() == clock.now() + timedelta(seconds=2)
+        assert logic.on_notify()[0] == []  # still settling
+        clock.set(clock.now() + timedelta(seconds=1))
+    clock.set(clock.now() + timedelta(seconds=2))
+    assert [w.total for w in logic.on_notify()[0]] == [3]
+
+
+def test_digest_logic_through_bytewax() -> None:
+    clock = FakeClock(T0 + timedelta(hours=1))  # every window is already due
+    events = [("r1\x1fsocial_like\x1fp1", like(i, T0)) for i in range(3)]
+    out: list[Any] = []
+    flow = Dataflow("digest_logic")
+    keyed = op.input("in", flow, TestingSource(events, batch_size=3))
+    windows = op.stateful_batch("windows", keyed, partial(DigestLogic, CATALOG, clock, 0.0, 60.0))
+    op.output("out", windows, TestingSink(out))
+    run_main(flow)
+    assert [(k, w.total) for k, w in out] == [("r1\x1fsocial_like\x1fp1", 3)]
+
+
+def test_bucket_logic_releases_when_due_and_disappears() -> None:
+    clock = FakeClock(T0)
+    logic = BucketLogic(clock, None)
+    entries = [ScheduledEntry(T0 + timedelta(seconds=s), f"d{s}", "x", b"v") for s in (5, 1, 9)]
+    assert logic.on_batch(entries) == ([], False)
+    assert logic.notify_at() == T0 + timedelta(seconds=1)
+    clock.set(T0 + timedelta(seconds=6))
+    restored = BucketLogic(clock, pickle.loads(pickle.dumps(logic.snapshot())))
+    for state in (logic, restored):
+        released, empty = state.on_notify()
+        assert [e.delivery_id for e in released] == ["d1", "d5"] and not empty
+    clock.set(T0 + timedelta(seconds=9))
+    assert [e.delivery_id for e in logic.on_notify()[0]] == ["d9"]
+    assert logic.on_notify() == ([], True)

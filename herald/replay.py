@@ -30,7 +30,7 @@ from __future__ import annotations
 import contextlib
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -180,13 +180,15 @@ def replay(
     progress: Progress | None = None,
     *,
     force: bool = False,
+    exclude_jobs: Collection[str] = (),
 ) -> ReplayResult:
     """Re-drive the records of logical `topic` with timestamps in [from_ts, to_ts).
 
     See the module docstring for what happens per topic. `progress(done, total)` is called
     as records are read (total = records between the range start and the partitions' ends).
-    `force` re-drives dead letters already re-driven. Raises DeliveryError if Kafka refused
-    a record, HeraldError for an unknown topic.
+    `force` re-drives dead letters already re-driven; `exclude_jobs` leaves the dead letters of
+    those jobs alone (e.g. "dispatch", whose letters herald.dlq replays with a fresh retry
+    budget). Raises DeliveryError if Kafka refused a record, HeraldError for an unknown topic.
     """
     from_ms, to_ms = _ms(from_ts), _ms(to_ts)
     kafka = settings.kafka
@@ -195,7 +197,7 @@ def replay(
     if topic == EVENTS_TOPIC and into is None:
         sink: _Sink = _ClickHouseSink(settings)
     elif topic == DEAD_LETTERS:
-        sink = _RedriveSink(settings, kafka.topic(into) if into else None, force)
+        sink = _RedriveSink(settings, kafka.topic(into) if into else None, force, exclude_jobs)
     else:
         sink = _CopySink(settings, kafka.topic(into or topic))
     result = ReplayResult(sink.mode)
@@ -265,7 +267,10 @@ class _RedriveSink(_Sink):
 
     mode = "redrive"
 
-    def __init__(self, settings: HeraldSettings, into: str | None, force: bool) -> None:
+    def __init__(
+        self, settings: HeraldSettings, into: str | None, force: bool, exclude: Collection[str]
+    ) -> None:
+        self.exclude = frozenset(exclude)
         self.writer = _Writer(settings)
         self.decode = AvroDeserializer(make_registry(settings.registry), "dead_letter")
         self.redis = redis.Redis.from_url(settings.redis.url)
@@ -281,7 +286,9 @@ class _RedriveSink(_Sink):
             return
         letter_id = letter["dead_letter_id"]
         expire_at: datetime | None = letter.get("expire_at")
-        if letter_id in self.seen:
+        if letter["job"] in self.exclude:
+            result.skip("excluded_job")
+        elif letter_id in self.seen:
             result.skip("duplicate")
         elif letter["value"] is None or letter["reason"] in UNREPLAYABLE:
             result.skip("not_replayable")

@@ -116,6 +116,10 @@ def test_dead_letters_are_redriven_once_keeping_their_bytes(settings: HeraldSett
     assert again.written == 0 and again.skipped["already_replayed"] == 1
     forced = replay(settings, "herald.dead-letters", frm, to, force=True)
     assert forced.written == 1
+    excluded = replay(
+        settings, "herald.dead-letters", frm, to, force=True, exclude_jobs={"dispatch"}
+    )
+    assert excluded.written == 0 and excluded.skipped["excluded_job"] == 2
     into = replay(settings, "herald.dead-letters", frm, to, into="herald.retry.bulk", force=True)
     assert into.written == 1 and consume(settings, "herald.retry.bulk") == [(b"d-1", b"\x00v1")]
 

@@ -28,6 +28,7 @@ connections and event loop, and all share the provider budgets through Redis.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping
 
 from bytewax import operators as op
@@ -90,7 +91,8 @@ def build_flow(
     topics = _topics(channel, traffic_class)
     if settings is None:
         logging.basicConfig(
-            level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s"
+            level=os.environ.get("HERALD_LOG_LEVEL", "INFO"),
+            format="%(asctime)s %(levelname)s %(name)s %(message)s",
         )
         settings = HeraldSettings()
         dispatch = dispatch or DispatchSettings()

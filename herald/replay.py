@@ -378,10 +378,11 @@ def _rich_bar(description: str) -> Iterator[Progress]:
 
 
 def replay_cli(
-    settings: HeraldSettings, topic: str, from_text: str, to_text: str, into: str | None = None
-) -> int:
-    """`herald replay --topic T --from TIME --to TIME [--into T2]`: rich progress bar, summary,
-    exit code 0 (2 for bad arguments)."""
+    settings: HeraldSettings, topic: str, from_text: str, to_text: str, into: str | None = None,
+    *, force: bool = False, exclude_jobs: Collection[str] = (),
+) -> int:  # fmt: skip
+    """`herald replay --topic T --from TIME --to TIME [--into T2] [--force]`: rich progress
+    bar, summary, exit code 0 (2 for bad arguments). TIME: ISO 8601, `now` or `-2h`."""
     from rich.console import Console
 
     console = Console()
@@ -394,7 +395,9 @@ def replay_cli(
         console.print("[red]--from must be before --to[/red]")
         return 2
     with _rich_bar(f"replay {topic}") as bar:
-        result = replay(settings, topic, from_ts, to_ts, into, bar)
+        result = replay(
+            settings, topic, from_ts, to_ts, into, bar, force=force, exclude_jobs=exclude_jobs
+        )
     skipped = ", ".join(f"{k} {v}" for k, v in sorted(result.skipped.items())) or "none"
     console.print(
         f"{result.mode}: {result.in_range} record(s) in range of {result.scanned} read, "

@@ -180,3 +180,14 @@ def test_warehouse_job_loads_every_event_and_replays_change_nothing(
         assert job.proc.poll() is None
     finally:
         job.stop()
+
+
+@pytest.mark.integration
+def test_cli_entry_point(settings: HeraldSettings, capsys: pytest.CaptureFixture[str]) -> None:
+    from herald.replay import replay_cli
+
+    n = produce_events(settings, f"t-{uuid.uuid4().hex[:8]}", datetime.now(UTC))
+    assert replay_cli(settings, "herald.delivery-events", "-5m", "now") == 0
+    assert f"{n} written" in capsys.readouterr().out
+    assert replay_cli(settings, "herald.delivery-events", "now", "-5m") == 2
+    assert replay_cli(settings, "herald.delivery-events", "yesterday", "now") == 2

@@ -4,12 +4,26 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 from urllib.parse import urlencode
 
+import httpx
 import pytest
 
+from api.app import create_app
+from api.settings import ProviderSecrets
+from herald.config import HeraldSettings
 from infra.simulators.receipts import sign_sendgrid, sign_twilio, sign_vonage
-from tests.api.conftest import EMAIL_KEYS, SMS_A_TOKEN, SMS_B_SECRET, RunningApi
+from tests.api.conftest import (
+    EMAIL_KEYS,
+    SMS_A_TOKEN,
+    SMS_B_SECRET,
+    RunningApi,
+    make_api_settings,
+    make_tenants,
+    read_topic,
+    serve,
+)
 
 
 def test_twilio_status_callback_is_kept_raw(api: RunningApi) -> None:
@@ -90,3 +104,42 @@ def test_providers_without_callbacks_are_404(api: RunningApi, provider: str) -> 
     with api.client(key=None) as http:
         resp = http.post(f"/v1/callbacks/{provider}", content=b"{}")
     assert resp.status_code == 404 and resp.json()["code"] == "unknown_provider"
+
+
+def test_real_simulator_callbacks_verify_with_its_own_secrets(
+    settings: HeraldSettings, tmp_path: Path
+) -> None:
+    """sms_a and sms_b simulators post signed receipts; the API reads their credentials.json."""
+    from infra.simulators.launcher import start_simulator
+
+    sims = tmp_path / "simulators"
+    app = create_app(
+        settings, api=make_api_settings(), providers=ProviderSecrets(simulator_dir=sims),
+        tenants=make_tenants(),
+    )  # fmt: skip
+    for url in serve(app):
+        with (
+            start_simulator("sms_a", sims / "sms_a") as twilio,
+            start_simulator("sms_b", sims / "sms_b", callback_url=f"{url}/v1/callbacks/sms_b")
+            as vonage,
+        ):  # fmt: skip
+            creds = twilio.credentials()
+            sid, token = creds["account_sid"], creds["auth_token"]
+            resp = httpx.post(
+                f"{twilio.base_url}/2010-04-01/Accounts/{sid}/Messages.json",
+                data={"To": "+41791234567", "From": "+15005550006", "Body": "hi",
+                      "StatusCallback": f"{url}/v1/callbacks/sms_a"},
+                auth=(sid, token),
+            )  # fmt: skip
+            assert resp.status_code == 201, resp.text
+            v = vonage.credentials()
+            resp = httpx.post(
+                f"{vonage.base_url}/sms/json",
+                data={"api_key": v["api_key"], "api_secret": v["api_secret"], "from": "Herald",
+                      "to": "41791234567", "text": "hi", "status-report-req": "1"},
+            )  # fmt: skip
+            assert resp.status_code == 200, resp.text
+            receipts = read_topic(settings, "herald.receipts.raw", 4, timeout=20)
+    providers = sorted(k for k, _ in receipts)
+    assert providers == ["sms_a", "sms_a", "sms_b", "sms_b"], providers
+    assert all(r["signature_valid"] for _, r in receipts)

@@ -113,3 +113,27 @@ def test_kafka_down_is_503_never_202(api_without_kafka: RunningApi, api: Running
     with api.client() as http:
         again = http.post("/v1/notifications", json={**req, "params": {"order_id": "2"}})
     assert again.status_code == 202
+
+
+def test_logs_never_hold_codes_phones_or_bodies(
+    api: RunningApi, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+
+    caplog.set_level(logging.DEBUG)
+    user = f"u-{uuid.uuid4().hex[:8]}"
+    phone = "+41795550123"
+    with_phone(api, user, phone)
+    with api.client() as http:
+        http.put(f"/v1/users/{user}/contact-points", json={"email": {"address": "zed@example.ch"}})
+        assert (
+            http.post("/v1/notifications", json=otp(user, params={"code": "987654"})).status_code
+            == 202
+        )
+        for _ in range(4):  # into the per-phone limit: the refusal is logged/counted too
+            http.post("/v1/notifications", json=otp(user, params={"code": "987654"}))
+    text = caplog.text
+    assert "api.contact_points_updated" in text  # events are logged ...
+    assert "+41*******23" in text  # ... with the phone masked
+    for secret in ("987654", phone, "zed@example.ch"):
+        assert secret not in text

@@ -47,6 +47,10 @@ __all__ = [
 PRODUCER = {"linger.ms": 20, "batch.num.messages": 10_000, "queue.buffering.max.messages": 500_000}
 
 
+def _config(kafka: KafkaSettings) -> dict[str, Any]:
+    return dict(kafka.client_config())
+
+
 @contextmanager
 def embedded_stack(run_dir: Path) -> Iterator[HeraldSettings]:
     """Start Kafka, Redis and ClickHouse (no jobs) in `run_dir`; yield settings reaching them."""
@@ -111,7 +115,7 @@ def raw_baseline(settings: HeraldSettings, topics: list[str], n: int) -> dict[st
     """Consume `n` records of logical `topics` and produce each to a scratch topic; records/s."""
     kafka = settings.kafka
     scratch = kafka.topic("bench.baseline")
-    admin = AdminClient(kafka.client_config())
+    admin = AdminClient(_config(kafka))
     admin.create_topics([NewTopic(scratch, 4, 1)])[scratch].result(30)
     consumer = _assigned_consumer(kafka, [kafka.topic(t) for t in topics])
     producer = Producer({**kafka.client_config(), **PRODUCER, "acks": "all"})
@@ -144,7 +148,8 @@ def topic_timestamps(settings: HeraldSettings, topic: str) -> tuple[int, float, 
     consumer = Consumer(conf)
     parts = consumer.list_topics(physical, timeout=10).topics[physical].partitions
     consumer.assign([TopicPartition(physical, p, OFFSET_BEGINNING) for p in parts])
-    n, first, last, ended = 0, float("inf"), 0.0, set()
+    n, first, last = 0, float("inf"), 0.0
+    ended: set[int] = set()
     try:
         while len(ended) < len(parts):
             for msg in consumer.consume(5000, 1.0):
@@ -153,7 +158,7 @@ def topic_timestamps(settings: HeraldSettings, topic: str) -> tuple[int, float, 
                     ts = msg.timestamp()[1] / 1000
                     n, first, last = n + 1, min(first, ts), max(last, ts)
                 elif err.code() == KafkaError._PARTITION_EOF:
-                    ended.add(msg.partition())
+                    ended.add(msg.partition() or 0)
     finally:
         consumer.close()
     return n, first, last
@@ -163,7 +168,7 @@ def drop_topics(settings: HeraldSettings) -> None:
     """Delete every topic of the scenario's prefix (frees the embedded broker's memory)."""
     kafka = settings.kafka
     names = [kafka.topic(name) for name in load_topics()] + [kafka.topic("bench.baseline")]
-    admin = AdminClient(kafka.client_config())
+    admin = AdminClient(_config(kafka))
     for future in admin.delete_topics(names, operation_timeout=30).values():
         with contextlib.suppress(Exception):  # already gone
             future.result(30)

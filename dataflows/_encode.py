@@ -97,7 +97,7 @@ class Encoder:
             self._serializers[logical] = found
         return found
 
-    def __call__(self, batch: list[Output | DeadLetter]) -> list[KafkaRecord | DeadLetter]:
+    def __call__(self, batch: list[Any]) -> list[KafkaRecord | DeadLetter]:
         """Encode every Output; pass dead letters through."""
         out: list[KafkaRecord | DeadLetter] = []
         for item in batch:

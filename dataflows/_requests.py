@@ -125,7 +125,7 @@ class _RequestPartition(StatefulSourcePartition[Item, State]):
             out.extend(self._expand())
         if len(self._expansions) < MAX_PENDING and not self._eof:
             try:
-                out.extend(self._read(self._kafka.next_batch()))
+                out.extend(self._read(list(self._kafka.next_batch())))
             except StopIteration:
                 self._eof = True
         if self._eof and not self._expansions and not out:

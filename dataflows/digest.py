@@ -35,10 +35,10 @@ from collections.abc import Callable
 from dataclasses import fields
 from datetime import datetime, timedelta
 from functools import partial
-from typing import Any
+from typing import Any, TypeGuard, cast
 
 import bytewax.operators as op
-from bytewax.dataflow import Dataflow
+from bytewax.dataflow import Dataflow, Stream
 
 from dataflows._common import produce_with_dead_letters
 from dataflows._encode import Encoder
@@ -216,11 +216,11 @@ class ToRequest:
         return Output(topic, record["notification_id"], record)
 
 
-def _is_keyed(item: Any) -> bool:
+def _is_keyed(item: Any) -> TypeGuard[tuple[str, SocialEvent]]:
     return isinstance(item, tuple)
 
 
-def _is_record(item: Any) -> bool:
+def _is_record(item: Any) -> TypeGuard[KafkaRecord]:
     return isinstance(item, KafkaRecord)
 
 
@@ -259,7 +259,9 @@ def build_flow(
     records = op.flat_map_batch("encode", requests, Encoder(settings, registry, JOB))
     # KafkaRecord | dead_letter dict
     encoded = op.branch("split_records", records, _is_record)
-    dead_letters = op.merge("dead_letters", split.falses, encoded.falses)
+    dead_letters = op.merge(
+        "dead_letters", *(cast(Stream[dict[str, Any]], s.falses) for s in (split, encoded))
+    )
     # dead_letter dict
     produce_with_dead_letters(
         "kafka_out", encoded.trues, dead_letters, kafka=settings.kafka, registry=registry,

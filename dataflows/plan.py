@@ -34,10 +34,10 @@ from __future__ import annotations
 
 import logging
 from functools import partial
-from typing import Any
+from typing import Any, TypeGuard, cast
 
 import bytewax.operators as op
-from bytewax.dataflow import Dataflow
+from bytewax.dataflow import Dataflow, Stream
 
 from dataflows._audience import ClickHouseAudience
 from dataflows._changelog import ChangelogSource
@@ -56,19 +56,20 @@ from sinks.kafka import KafkaProducerSink, KafkaRecord
 
 __all__ = ["build_flow"]
 
+DeadLetter = dict[str, Any]
 PREFERENCES_TOPIC = "herald.preferences"
 DEVICES_TOPIC = "herald.devices"
 
 
-def _is_batch(item: Any) -> bool:
+def _is_batch(item: Any) -> TypeGuard[AudienceBatch]:
     return isinstance(item, AudienceBatch)
 
 
-def _is_table_item(item: Any) -> bool:
+def _is_table_item(item: Any) -> TypeGuard[TableUpdate | CaughtUp]:
     return isinstance(item, TableUpdate | CaughtUp)
 
 
-def _is_record(item: Any) -> bool:
+def _is_record(item: Any) -> TypeGuard[KafkaRecord]:
     return isinstance(item, KafkaRecord)
 
 
@@ -138,7 +139,9 @@ def build_flow(
     records = op.flat_map_batch("encode", outputs, Encoder(settings, registry, "plan"))
     # KafkaRecord | dead_letter dict
     encoded = op.branch("split_records", records, _is_record)
-    dead_letters = op.merge("dead_letters", split.falses, updates.falses, encoded.falses)
+    dead_letters = op.merge(
+        "dead_letters", *(cast(Stream[DeadLetter], s.falses) for s in (split, updates, encoded))
+    )
     # dead_letter dict
     sink = KafkaProducerSink(kafka, parts=4)
     produce_with_dead_letters(

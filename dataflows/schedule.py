@@ -32,10 +32,10 @@ import logging
 import pickle
 from datetime import datetime, timedelta
 from functools import partial
-from typing import Any
+from typing import Any, TypeGuard, cast
 
 import bytewax.operators as op
-from bytewax.dataflow import Dataflow
+from bytewax.dataflow import Dataflow, Stream
 
 from dataflows._common import produce_with_dead_letters
 from dataflows._encode import Encoder
@@ -163,11 +163,11 @@ class Release:
         return out
 
 
-def _is_keyed(item: Any) -> bool:
+def _is_keyed(item: Any) -> TypeGuard[tuple[str, ScheduledEntry]]:
     return isinstance(item, tuple)
 
 
-def _is_record(item: Any) -> bool:
+def _is_record(item: Any) -> TypeGuard[KafkaRecord]:
     return isinstance(item, KafkaRecord)
 
 
@@ -200,7 +200,8 @@ def build_flow(
     records = op.flat_map_batch("encode", released, Encoder(settings, registry, JOB))
     # KafkaRecord | dead_letter dict
     encoded = op.branch("split_records", records, _is_record)
-    dead_letters = op.merge("dead_letters", held.errs, split.falses, encoded.falses)
+    falses = (cast(Stream[dict[str, Any]], s.falses) for s in (split, encoded))
+    dead_letters = op.merge("dead_letters", held.errs, *falses)
     # dead_letter dict
     produce_with_dead_letters(
         "kafka_out", encoded.trues, dead_letters, kafka=settings.kafka, registry=registry,

@@ -117,7 +117,7 @@ def cap_charge(
     nt = catalog.get(request.notification_type)
     if nt.cap is None or nt.transactional:
         return None
-    instants = [now if isinstance(d, Send) else d.until for d in decisions if not _suppressed(d)]
+    instants = [d.until if isinstance(d, Hold) else now for d in decisions if not _suppressed(d)]
     if not instants:
         return None
     at = min(instants)
@@ -335,7 +335,7 @@ def user_records(
     """Records for one user's decisions (see the module docstring)."""
     out: list[Output] = []
     rejected: list[Rejected] = []
-    personal = bool(view.params) and not request.params.keys() >= view.params.keys()
+    personal = view.params is not None and not request.params.keys() >= view.params.keys()
     for decision in decisions:
         if isinstance(decision, Suppress):
             did = ids.delivery_id(request.notification_id, view.user_id, decision.channel)

@@ -1,0 +1,102 @@
+"""Dead-letter replay: dead letters written by the real dispatch sink (retries exhausted), then
+re-driven with the same delivery_id and expire_at, policy and expiry re-checked, idempotent."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import redis
+
+from herald.config import HeraldSettings
+from herald.dlq import replay_dead_letters
+from infra.simulators.launcher import RunningSimulator, start_simulator
+from sinks.channels.settings import DispatchSettings
+from sinks.dispatch import DispatchSink
+from sources.kafka import Decoded, KafkaMessage
+from tests.dataflows.jobs import DEAD_LETTERS, EVENTS, read
+from tests.sinks.dispatch_helpers import delivery, dispatch_settings, factories, now, put_prefs
+
+pytestmark = pytest.mark.integration
+
+PUSH_TX = "herald.deliveries.push.transactional"
+PUSH_BULK = "herald.deliveries.push.bulk"
+
+
+@pytest.fixture(scope="module")
+def apns(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningSimulator]:
+    with start_simulator("apns", tmp_path_factory.mktemp("sims") / "apns") as sim:
+        yield sim
+
+
+def dispatch(settings: HeraldSettings, cfg: DispatchSettings, sim: RunningSimulator,
+             deliveries: list[dict[str, Any]]) -> None:  # fmt: skip
+    """Run one batch through the real sink partition (producing to Kafka)."""
+    sink = DispatchSink(settings, cfg, factories=factories({"apns": sim}, settings.redis.url))
+    part = sink.build("dispatch", 0, 1)
+    try:
+        batch = []
+        for i, d in enumerate(deliveries):
+            topic = settings.kafka.topic(f"herald.deliveries.push.{d['traffic_class']}")
+            batch.append(Decoded(KafkaMessage(topic, 0, i, d["delivery_id"].encode(), b""), d))
+        part.write_batch(batch)
+    finally:
+        part.close()
+
+
+def test_replay_keeps_identity_rechecks_policy_and_is_idempotent(
+    settings: HeraldSettings, apns: RunningSimulator
+) -> None:
+    apns.reset(config=True)
+    apns.configure(errors={"InternalServerError": 1.0})
+    one_shot = {"max_attempts": 1}
+    cfg = dispatch_settings(backoff={"transactional": one_shot, "bulk": one_shot})
+    failing = delivery()
+    later_opt_out = delivery(notification_type="marketing_campaign", category="marketing",
+                             traffic_class="bulk")  # fmt: skip
+    expiring = delivery(expire_at=now() + timedelta(seconds=1.5))
+    dispatch(settings, cfg, apns, [failing, later_opt_out, expiring])
+
+    letters = read(settings, DEAD_LETTERS)
+    assert sorted(x["delivery_id"] for x in letters) == sorted(
+        d["delivery_id"] for d in (failing, later_opt_out, expiring)
+    )
+    assert {x["reason"] for x in letters} == {"retries_exhausted"}
+    assert all(x["job"] == "dispatch" and x["attempts"] == 1 for x in letters)
+
+    put_prefs(redis.Redis.from_url(settings.redis.url), later_opt_out["user_id"],
+              category_opt_out=["marketing"])  # fmt: skip
+    time.sleep(max(0.0, (expiring["expire_at"] - now()).total_seconds()) + 0.1)
+    result = replay_dead_letters(settings, dispatch=cfg)
+    assert (result.scanned, result.replayed) == (3, 1)
+    assert result.skipped == {"opted_out": 1, "expired": 1}
+
+    [again] = [d for d in read(settings, PUSH_TX) if d["delivery_id"] == failing["delivery_id"]]
+    expire = failing["expire_at"]
+    assert again["expire_at"] == expire.replace(microsecond=expire.microsecond // 1000 * 1000)
+    assert (again["attempt"], again["first_attempt_at"], again["next_attempt_at"]) == (
+        0,
+        None,
+        None,
+    )
+    assert read(settings, PUSH_BULK) == []
+    checked = {(e["delivery_id"], e["state"], e["reason"]) for e in read(settings, EVENTS)
+               if e["attributes"].get("by") == "dlq_replay"}  # fmt: skip
+    assert checked == {
+        (later_opt_out["delivery_id"], "SUPPRESSED", "category_opt_out"),
+        (expiring["delivery_id"], "EXPIRED", "expired"),
+    }
+
+    assert replay_dead_letters(settings, dispatch=cfg).skipped == {"already_replayed": 3}
+    dry = replay_dead_letters(settings, dispatch=cfg, force=True, dry_run=True)
+    assert dry.replayed == 1 and len(read(settings, PUSH_TX)) == 1
+
+    apns.configure(errors={})  # the provider is back: the replayed delivery goes through
+    dispatch(settings, cfg, apns, [again])
+    did = failing["delivery_id"]
+    events = read(settings, EVENTS)
+    accepted = [e for e in events if e["state"] == "PROVIDER_ACCEPTED" and e["delivery_id"] == did]
+    assert len(accepted) == 1 and accepted[0]["attempt"] == 1

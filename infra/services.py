@@ -64,6 +64,8 @@ class Component:
     ports: tuple[str, ...] = field(default_factory=tuple)
     # Published in state.json "urls" (and `herald status --json`) under this name, e.g. "api".
     url_name: str | None = None
+    # Extra environment for this component only (e.g. its own metrics port).
+    env: Callable[[Ctx], dict[str, str]] | None = None
 
 
 def tansu_binary() -> str:
@@ -233,8 +235,10 @@ def bytewax_job(name: str, import_str: str, ready_timeout: float = 60.0) -> Comp
     """A dataflow run as `python -m bytewax.run` with recovery snapshots in the run directory.
 
     The job counts as healthy while its process runs; its recovery partitions are created by
-    the launcher before the first start (infra/stack.py) so a restart resumes from them.
+    the launcher before the first start (infra/stack.py) so a restart resumes from them. Its
+    Prometheus metrics are served on its own port (HERALD_METRICS_PORT).
     """
+    metrics_port = f"metrics_{name}"
 
     def argv(ctx: Ctx) -> list[str]:
         return [
@@ -249,8 +253,10 @@ def bytewax_job(name: str, import_str: str, ready_timeout: float = 60.0) -> Comp
         kind="job",
         argv=argv,
         healthy=lambda ctx: True,
-        address=lambda ctx: import_str,
+        address=lambda ctx: f"{import_str} (metrics :{ctx.port(metrics_port)})",
         ready_timeout=ready_timeout,
+        ports=(metrics_port,),
+        env=lambda ctx: {"HERALD_METRICS_PORT": str(ctx.port(metrics_port))},
     )
 
 
@@ -275,4 +281,7 @@ def http_app(name: str, module: str, url_name: str | None = None) -> Component:
 # Herald's own processes, started after the services are bootstrapped.
 JOBS: list[Component] = [
     bytewax_job("accepted", "dataflows.accepted:build_flow()"),
+    bytewax_job("receipts", "dataflows.receipts:build_flow()"),
+    bytewax_job("warehouse", "dataflows.warehouse:build_flow()"),
+    http_app("dashboards", "dashboards", url_name="dashboard"),
 ]

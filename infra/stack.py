@@ -172,7 +172,7 @@ class Stack:
             name=component.name,
             argv=component.argv(self.ctx),
             log_path=self.run_dir / "logs" / f"{component.name}.log",
-            env=self.ctx.child_env(),
+            env={**self.ctx.child_env(), **(component.env(self.ctx) if component.env else {})},
         )
 
     def _start_all(self, components: list[Component]) -> None:

@@ -70,6 +70,9 @@ def test_cli_up_status_down(tmp_path: Path) -> None:
         ):
             assert doc["services"][name]["healthy"], doc["services"][name]
             assert doc["services"][name]["address"]
+        for job in ("accepted", "receipts", "warehouse", "dashboards"):
+            assert doc["services"][job]["healthy"], doc["services"][job]
+        assert doc["dashboard_url"] and doc["dashboard_url"].startswith("http://127.0.0.1:")
         pids = [s["pid"] for s in doc["services"].values()]
         ports = read_state(tmp_path)["ports"].values()  # type: ignore[index]
     finally:

@@ -40,7 +40,7 @@ err = Console(stderr=True)
 
 RunDir = Annotated[
     Path | None,
-    typer.Option("--run-dir", help="Run directory for data, logs and state [env: HERALD_RUN_DIR]."),
+    typer.Option("--run-dir", help="Run directory for data, logs and state (env HERALD_RUN_DIR)."),
 ]
 
 
@@ -189,7 +189,7 @@ def down(run_dir: RunDir = None) -> None:
 @app.command()
 def migrate(
     dsn: Annotated[
-        str | None, typer.Option(help="ClickHouse HTTP DSN [env: HERALD_CLICKHOUSE_DSN].")
+        str | None, typer.Option(help="ClickHouse HTTP DSN (env HERALD_CLICKHOUSE_DSN).")
     ] = None,
     run_dir: RunDir = None,
 ) -> None:
@@ -260,6 +260,31 @@ def schemas(
 
 
 @app.command()
+def replay(
+    topic: Annotated[str, typer.Option("--topic", help="Logical topic, e.g. herald.delivery-events")],
+    from_: Annotated[str, typer.Option("--from", help="Start: ISO 8601, `now` or relative `-2h`.")],
+    to: Annotated[str, typer.Option("--to", help="End (exclusive), same forms.")] = "now",
+    into: Annotated[
+        str | None, typer.Option("--into", help="Copy the range into this topic instead.")
+    ] = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="Re-drive dead letters already replayed once.")
+    ] = False,
+    run_dir: RunDir = None,
+) -> None:
+    """Re-drive a time range of a topic, idempotently, with a progress bar.
+
+    herald.delivery-events → rebuilds ClickHouse; herald.dead-letters → each letter back into
+    its source topic (delivery_id and expire_at kept, expired ones dropped); any other topic →
+    copied into --into (or itself).
+    """
+    from herald.replay import replay_cli
+
+    code = replay_cli(_stack_settings(run_dir), topic, from_, to, into, force=force)
+    raise typer.Exit(code)
+
+
+@app.command()
 def logs(
     name: Annotated[str, typer.Argument(help="Component name, e.g. kafka, redis, accepted.")],
     lines: Annotated[int, typer.Option("-n", help="Number of lines.")] = 40,
@@ -274,17 +299,16 @@ def logs(
 
 
 def _stack_settings(run_dir: Path | None) -> HeraldSettings:
-    """Settings from the environment, or from the running embedded stack when there is one."""
+    """Settings of the running embedded stack when there is one, else from the environment."""
+    import os
+
     from infra.stack import read_state
 
     state = read_state(_run_dir(run_dir))
-    if not state:
-        return HeraldSettings()
-    env = state["env"]
-    return HeraldSettings(
-        kafka=KafkaSettings(bootstrap_servers=env["HERALD_KAFKA_BOOTSTRAP_SERVERS"]),
-        clickhouse=ClickHouseSettings(dsn=env["HERALD_CLICKHOUSE_DSN"]),
-    )
+    if state:
+        # the stack's addresses win over the environment: this process talks to that stack
+        os.environ.update(state["env"])
+    return HeraldSettings()
 
 
 def main() -> None:

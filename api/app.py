@@ -58,6 +58,7 @@ def create_app(
         producer=AsyncProducer(settings.kafka),
     )
     st.build_serializers()
+    st.fast = _pipelined_client(settings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -69,6 +70,8 @@ def create_app(
             yield
         finally:
             st.producer.close()
+            if st.fast is not None:
+                await st.fast.close()
             await st.redis.aclose()
             log.info("api.stopped")
 
@@ -92,6 +95,17 @@ def create_app(
         "/metrics", metrics, methods=["GET"], tags=["ops"], summary="Prometheus metrics"
     )
     return app
+
+
+def _pipelined_client(settings: HeraldSettings) -> object | None:
+    """The hot-path Redis client (api/resp.py), unless on a cluster or without hiredis."""
+    if settings.redis.cluster:
+        return None
+    try:
+        from api.resp import PipelinedRedis
+    except ImportError:  # hiredis not installed: redis-py serves the scripts too
+        return None
+    return PipelinedRedis(settings.redis.url)
 
 
 def _include_routers(app: FastAPI) -> None:

@@ -46,9 +46,13 @@ class AppState:
     metrics: ApiMetrics = field(default_factory=ApiMetrics)
     serializers: dict[str, tuple[str, AvroSerializer]] = field(default_factory=dict)
     scripts: dict[str, Any] = field(default_factory=dict)
+    # Pipelining client for scripts (api/resp.py); None on Redis Cluster or without hiredis.
+    fast: Any = None
 
     async def script(self, source: str, keys: list[str], args: list[Any]) -> Any:
         """Run a Lua script by SHA (EVALSHA; loaded on first use or after a Redis restart)."""
+        if self.fast is not None:
+            return await self.fast.evalsha(source, keys, args)
         runner = self.scripts.get(source)
         if runner is None:
             runner = self.scripts[source] = self.redis.register_script(source)

@@ -137,3 +137,18 @@ def test_logs_never_hold_codes_phones_or_bodies(
     assert "+41*******23" in text  # ... with the phone masked
     for secret in ("987654", phone, "zed@example.ch"):
         assert secret not in text
+
+
+def test_redis_down_is_503(settings: HeraldSettings) -> None:
+    from herald.config import RedisSettings
+
+    broken = settings.model_copy(update={"redis": RedisSettings(url="redis://127.0.0.1:9/0")})
+    app = create_app(broken, api=make_api_settings(), tenants=make_tenants())
+    for url in serve(app):
+        api = RunningApi(url, broken, app)
+        with api.client() as http:
+            req = otp("u-1", notification_type="order_shipped", params={"order_id": "1"})
+            resp = http.post("/v1/notifications", json=req)
+            assert resp.status_code == 503 and resp.json()["code"] == "redis_unavailable"
+            assert http.get("/v1/users/u-1/inbox/unread-count").status_code == 503
+            assert http.get("/healthz").status_code == 503

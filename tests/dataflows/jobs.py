@@ -170,16 +170,27 @@ class Job:
     def output(self) -> str:
         return self.log.read_text(errors="replace")
 
-    def stop(self, sig: signal.Signals = signal.SIGINT) -> str:
-        """Signal the process group (SIGINT: clean stop, SIGKILL: crash); return the log."""
+    def send_signal(self, sig: signal.Signals = signal.SIGINT) -> None:
+        """Signal the process group (SIGINT: Bytewax's clean stop, SIGKILL: a crash)."""
         if self.running():
             os.killpg(self.proc.pid, sig)
+
+    def stop(self, sig: signal.Signals = signal.SIGINT) -> str:
+        """Signal the process group (SIGINT: clean stop, SIGKILL: crash); return the log."""
+        self.send_signal(sig)
         try:
             self.proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
         return self.output()
+
+
+def stop_all(jobs: list[Job]) -> list[str]:
+    """Stop the processes of one cluster together (one alone waits for its peers); the logs."""
+    for job in jobs:
+        job.send_signal()
+    return [job.stop() for job in jobs]
 
 
 def assert_no_job_errors(output: str) -> None:

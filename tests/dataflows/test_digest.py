@@ -15,6 +15,7 @@ import pytest
 from bytewax.recovery import init_db_dir
 
 from herald.config import HeraldSettings
+from infra.process import free_port
 from tests.dataflows.helpers import produce
 from tests.dataflows.jobs import (
     DEAD_LETTERS,
@@ -23,6 +24,7 @@ from tests.dataflows.jobs import (
     now,
     read,
     send,
+    stop_all,
     wait_for,
 )
 
@@ -131,3 +133,34 @@ def test_seed_003_storm_survives_sigkill(
     assert by_type["social_follow"]["params"]["digest_total"] == "2"
     letters = Counter(d["reason"] for d in read(settings, DEAD_LETTERS))
     assert letters == {"unknown_event_type": 1, "bad_magic_byte": 1}
+
+
+def test_two_processes_one_window_per_key(
+    settings: HeraldSettings, subprocess_env: dict[str, str], tmp_path: Path
+) -> None:
+    """`-i 0/1 -a ...`: keys live on either process, each window is still one notification."""
+    p = settings.kafka.topic_prefix
+    at = now() - timedelta(seconds=600 - 8)  # the windows end 8 s from now
+    recipients = [f"{p}r{i}" for i in range(12)]
+    likes = [
+        event(f"{r}-like-{n}", "like", f"user{n}", r, at, "post-1")
+        for i, r in enumerate(recipients)
+        for n in range(i + 1)
+    ]
+    send(settings, "herald.social-events", likes + likes[:5], "recipient_id")  # with redeliveries
+    addresses = f"127.0.0.1:{free_port()};127.0.0.1:{free_port()}"
+    env = {**subprocess_env, "HERALD_PLANNING_DIGEST_GRACE_SECONDS": "1"}
+    jobs = [
+        Job(env, tmp_path / f"p{i}.log", IMPORT, "-i", str(i), "-a", addresses) for i in range(2)
+    ]
+    try:
+        requests = wait_for(settings, REQUESTS, lambda rs: len(rs) >= len(recipients), timeout=50)
+        time.sleep(1)
+        requests = read(settings, REQUESTS)
+    finally:
+        outputs = stop_all(jobs)
+    for output in outputs:
+        assert_no_job_errors(output)
+    totals = {r["recipients"]["user_ids"][0]: r["params"]["digest_total"] for r in requests}
+    assert len(requests) == len(recipients)
+    assert totals == {r: str(i + 1) for i, r in enumerate(recipients)}

@@ -28,6 +28,7 @@ from tests.dataflows.jobs import (
     read,
     request,
     send,
+    stop_all,
     wait_for,
 )
 
@@ -165,7 +166,7 @@ def test_two_processes_share_the_user_table(
         send(settings, "herald.requests.bulk", [announcement(nid, users=users)], "notification_id")
         events = wait_for(settings, EVENTS, lambda r: len(planned_users(r, nid)) >= 40)
     finally:
-        outputs = [job.stop() for job in jobs]
+        outputs = stop_all(jobs)
     for output in outputs:
         assert_no_job_errors(output)
     outcome = {e["user_id"]: (e["state"], e["reason"]) for e in events}

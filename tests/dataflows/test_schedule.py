@@ -14,6 +14,7 @@ import pytest
 from bytewax.recovery import init_db_dir
 
 from herald.config import HeraldSettings
+from infra.process import free_port
 from tests.dataflows.helpers import produce
 from tests.dataflows.jobs import (
     DEAD_LETTERS,
@@ -24,6 +25,7 @@ from tests.dataflows.jobs import (
     read,
     read_timed,
     send,
+    stop_all,
     wait_for,
 )
 from tests.schemas.examples import example
@@ -103,3 +105,25 @@ def test_release_expiry_and_restart(
     ]
     letters = Counter(d["reason"] for d in read(settings, DEAD_LETTERS))
     assert letters == {"schedule_too_far": 1, "bad_magic_byte": 1}
+
+
+def test_two_processes_release_each_delivery_once(
+    settings: HeraldSettings, subprocess_env: dict[str, str], tmp_path: Path
+) -> None:
+    """`-i 0/1 -a ...`: buckets on both processes, every delivery released exactly once."""
+    deliveries = [held(f"d-{i}", 2 + i % 4) for i in range(40)]
+    send(settings, "herald.scheduled", deliveries, "delivery_id")
+    addresses = f"127.0.0.1:{free_port()};127.0.0.1:{free_port()}"
+    env = {**subprocess_env, "HERALD_PLANNING_SCHEDULE_JITTER_SECONDS": "1"}
+    jobs = [
+        Job(env, tmp_path / f"p{i}.log", IMPORT, "-i", str(i), "-a", addresses) for i in range(2)
+    ]
+    try:
+        got = wait_for(settings, PUSH_BULK, lambda r: len(r) >= 40, timeout=50)
+        time.sleep(1)
+        got = read(settings, PUSH_BULK)
+    finally:
+        outputs = stop_all(jobs)
+    for output in outputs:
+        assert_no_job_errors(output)
+    assert sorted(d["delivery_id"] for d in got) == sorted(d["delivery_id"] for d in deliveries)

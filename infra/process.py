@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -35,8 +36,23 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child before e
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
+# Ports handed to servers come from below Linux's default ephemeral range (32768-60999), which
+# outgoing connections draw from: an OS-chosen port (bind to 0) can be taken by a client socket
+# between the moment it is picked and the moment the server binds it.
+_SERVER_PORTS = (20000, 32000)
+_rng = random.SystemRandom()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago (the OS picks it)."""
+    """A TCP port that was free a moment ago, outside the ephemeral range when possible."""
+    for _ in range(64):
+        port = _rng.randrange(*_SERVER_PORTS)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])

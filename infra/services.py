@@ -108,7 +108,7 @@ def _kafka_healthy(ctx: Ctx) -> bool:
     from confluent_kafka.admin import AdminClient
 
     admin = AdminClient({"bootstrap.servers": f"{ctx.host}:{ctx.port('kafka')}"})
-    admin.list_topics(timeout=2)
+    admin.list_topics(timeout=5)
     return True
 
 
@@ -130,7 +130,7 @@ def _redis_argv(ctx: Ctx) -> list[str]:
 def _redis_healthy(ctx: Ctx) -> bool:
     import redis
 
-    client = redis.Redis(host=ctx.host, port=ctx.port("redis"), socket_timeout=1)
+    client = redis.Redis(host=ctx.host, port=ctx.port("redis"), socket_timeout=3)
     try:
         return bool(client.ping())
     finally:
@@ -149,7 +149,7 @@ def _clickhouse_argv(ctx: Ctx) -> list[str]:
 def _http_ok(url: str) -> bool:
     import httpx
 
-    return httpx.get(url, timeout=1.0).status_code == 200
+    return httpx.get(url, timeout=3.0).status_code == 200
 
 
 def _clickhouse_healthy(ctx: Ctx) -> bool:
@@ -184,7 +184,7 @@ def simulator(name: str) -> Component:
         import httpx
 
         url = f"{scheme}://{ctx.host}:{ctx.port(port_name)}/healthz"
-        return httpx.get(url, timeout=1.0, verify=False).status_code == 200
+        return httpx.get(url, timeout=3.0, verify=False).status_code == 200
 
     return Component(
         name=f"sim-{name}",

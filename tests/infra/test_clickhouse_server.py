@@ -27,15 +27,10 @@ from clickhouse_connect.driver.exceptions import DatabaseError
 
 from herald.config import ClickHouseSettings
 from infra.clickhouse import herald_client
+from infra.process import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 UTC = dt.UTC
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def start_server(data_dir: Path, port: int) -> subprocess.Popen[bytes]:

@@ -14,6 +14,9 @@ figure can be read as "x % of what plain Kafka consume->produce does on this mac
 from __future__ import annotations
 
 import contextlib
+import os
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterable, Iterator
@@ -32,6 +35,7 @@ from herald.config import (
     RegistrySettings,
     RunSettings,
 )
+from infra.process import free_port
 from infra.stack import Stack
 from infra.topics import create_topics, load_topics
 
@@ -41,9 +45,11 @@ __all__ = [
     "produce_all",
     "raw_baseline",
     "report",
+    "run_job",
     "scenario_settings",
 ]
 
+REPO = Path(__file__).resolve().parents[1]
 PRODUCER = {"linger.ms": 20, "batch.num.messages": 10_000, "queue.buffering.max.messages": 500_000}
 
 
@@ -172,6 +178,43 @@ def drop_topics(settings: HeraldSettings) -> None:
     for future in admin.delete_topics(names, operation_timeout=30).values():
         with contextlib.suppress(Exception):  # already gone
             future.result(30)
+
+
+def job_env(settings: HeraldSettings) -> dict[str, str]:
+    """Environment for a job process that should use `settings` (as `herald up` passes it)."""
+    return {
+        **os.environ,
+        "HERALD_KAFKA_BOOTSTRAP_SERVERS": settings.kafka.bootstrap_servers,
+        "HERALD_KAFKA_TOPIC_PREFIX": settings.kafka.topic_prefix,
+        "HERALD_REDIS_URL": settings.redis.url,
+        "HERALD_CLICKHOUSE_DSN": settings.clickhouse.dsn,
+        "HERALD_REGISTRY_PATH": str(settings.registry.path),
+        "HERALD_RUN_DIR": str(settings.run.run_dir),
+        "PYTHONPATH": str(REPO),
+    }
+
+
+def run_job(settings: HeraldSettings, import_str: str, processes: int, log_dir: Path) -> float:
+    """Seconds until a bounded job run as `processes` bytewax.run processes has finished."""
+    addresses = ";".join(f"127.0.0.1:{free_port()}" for _ in range(processes))
+    started = time.perf_counter()
+    procs = []
+    for i in range(processes):
+        cluster = ["-i", str(i), "-a", addresses] if processes > 1 else []
+        with open(log_dir / f"job-{i}.log", "ab") as log:
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "bytewax.run", import_str, *cluster],
+                    cwd=REPO,
+                    env=job_env(settings),
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )  # fmt: skip
+            )
+    codes = [proc.wait(timeout=1800) for proc in procs]
+    if any(codes):
+        raise RuntimeError(f"{import_str} exited with {codes}; see {log_dir}")
+    return time.perf_counter() - started
 
 
 def report(title: str, figures: dict[str, Any]) -> dict[str, Any]:

@@ -2,11 +2,12 @@
 
     python -m bench.digest [--events N] [--recipients R]   (own embedded stack in a temp dir)
 
-The job runs in this process (one Bytewax worker, bounded: it stops at the end of the topic) with
-recovery snapshots on, as in production (epoch 10 s). Every event is decoded, keyed by
-(recipient, type, object), deduplicated and folded into its open window; windows stay open
-(likes: 600 s), so the figure is the ingest rate of the aggregation, startup included. The
-baseline consumes the same records and produces them to a scratch topic, in the same run.
+Two runs over the same records: the job in this process (one Bytewax worker, recovery snapshots
+on, epoch 10 s: the per-process figure), then as two `python -m bytewax.run` processes (`-i/-a`,
+startup included: what 2 cores do). Both are bounded: they stop at the end of the topic. Every
+event is decoded, keyed by (recipient, type, object), deduplicated and folded into its open
+window; windows stay open (likes: 600 s), so the figure is the ingest rate of the aggregation.
+The baseline consumes the same records and produces them to a scratch topic, in the same run.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from bench._harness import (
     produce_all,
     raw_baseline,
     report,
+    run_job,
     scenario_settings,
 )
 from dataflows._settings import PlanningSettings
@@ -72,6 +74,9 @@ def run(base: HeraldSettings, events: int = 1_000_000, recipients: int = 20_000)
             flow, epoch_interval=timedelta(seconds=10), recovery_config=RecoveryConfig(recovery)
         )
         job_s = time.perf_counter() - started
+        logs = base.run.run_dir / "bench-logs" / settings.kafka.topic_prefix
+        logs.mkdir(parents=True)
+        two_s = run_job(settings, "dataflows.digest:build_flow(bounded=True)", 2, logs)
         baseline = raw_baseline(settings, [TOPIC], events)
     finally:
         drop_topics(settings)
@@ -81,10 +86,12 @@ def run(base: HeraldSettings, events: int = 1_000_000, recipients: int = 20_000)
             "events": events,
             "active recipients (keys)": recipients,
             "produce (encode + send) events/s": events / produced_s,
-            "digest events/s": events / job_s,
-            "digest seconds (startup included)": job_s,
+            "digest events/s, 1 process": events / job_s,
+            "digest seconds, 1 process": job_s,
+            "digest events/s, 2 processes": events / two_s,
+            "digest seconds, 2 processes": two_s,
             "baseline consume->produce rec/s": baseline["records_per_s"],
-            "digest / baseline": events / job_s / baseline["records_per_s"],
+            "digest 1 process / baseline": events / job_s / baseline["records_per_s"],
         },
     )
 

@@ -42,6 +42,7 @@ from bytewax.dataflow import Dataflow, Stream
 
 from dataflows._common import produce_with_dead_letters
 from dataflows._encode import Encoder
+from dataflows._metrics import CountOutputs
 from dataflows._settings import Clock, PlanningSettings
 from herald.catalog import Catalog, load_catalog
 from herald.config import HeraldSettings
@@ -54,6 +55,7 @@ from herald.digest import (
     step,
 )
 from herald.errors import SerdeError
+from herald.metrics import MetricsSettings, serve_metrics
 from herald.plan_records import Output
 from schemas.registry import make_registry
 from schemas.serde import AvroDeserializer
@@ -237,6 +239,7 @@ def build_flow(
             level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s"
         )
         settings = HeraldSettings()
+        serve_metrics(MetricsSettings())
     planning = planning if planning is not None else PlanningSettings()
     catalog = load_catalog(planning.catalog_path)
     clock = planning.clock()
@@ -263,8 +266,10 @@ def build_flow(
         "dead_letters", *(cast(Stream[dict[str, Any]], s.falses) for s in (split, encoded))
     )
     # dead_letter dict
+    letters = op.flat_map_batch("count_dead_letters", dead_letters, CountOutputs(JOB))
+    # the same dead_letter dicts
     produce_with_dead_letters(
-        "kafka_out", encoded.trues, dead_letters, kafka=settings.kafka, registry=registry,
+        "kafka_out", encoded.trues, letters, kafka=settings.kafka, registry=registry,
         sink=KafkaProducerSink(settings.kafka, parts=2),
     )  # fmt: skip
     return flow

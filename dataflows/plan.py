@@ -43,12 +43,14 @@ from dataflows._audience import ClickHouseAudience
 from dataflows._changelog import ChangelogSource
 from dataflows._common import produce_with_dead_letters
 from dataflows._encode import Encoder
+from dataflows._metrics import CountOutputs
 from dataflows._planner import Admission, Planner
 from dataflows._requests import RequestSource
 from dataflows._settings import PlanningSettings
 from dataflows._users import ChangelogDecoder, UserShardLogic, to_shards
 from herald.catalog import TRAFFIC_CLASSES, load_catalog
 from herald.config import HeraldSettings
+from herald.metrics import MetricsSettings, serve_metrics
 from herald.planning import AudienceBatch, CaughtUp, TableUpdate, split_by_shard
 from schemas.registry import make_registry
 from schemas.serde import AvroDeserializer
@@ -56,6 +58,7 @@ from sinks.kafka import KafkaProducerSink, KafkaRecord
 
 __all__ = ["build_flow"]
 
+JOB = "plan"
 DeadLetter = dict[str, Any]
 PREFERENCES_TOPIC = "herald.preferences"
 DEVICES_TOPIC = "herald.devices"
@@ -90,6 +93,7 @@ def build_flow(
             level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s"
         )
         settings = HeraldSettings()
+        serve_metrics(MetricsSettings())
     planning = planning if planning is not None else PlanningSettings()
     catalog = load_catalog(planning.catalog_path)
     registry = make_registry(settings.registry)
@@ -136,15 +140,19 @@ def build_flow(
     # (shard, Planned)
     outputs = op.flat_map_batch("plan", planned, Planner(catalog, settings, planning.clock()))
     # Output(topic, delivery_id, Delivery | delivery_event dict) | dead_letter dict
-    records = op.flat_map_batch("encode", outputs, Encoder(settings, registry, "plan"))
+    counted = op.flat_map_batch("count_events", outputs, CountOutputs(JOB, dead_letters=False))
+    # the same items
+    records = op.flat_map_batch("encode", counted, Encoder(settings, registry, JOB))
     # KafkaRecord | dead_letter dict
     encoded = op.branch("split_records", records, _is_record)
     dead_letters = op.merge(
         "dead_letters", *(cast(Stream[DeadLetter], s.falses) for s in (split, updates, encoded))
     )
     # dead_letter dict
+    letters = op.flat_map_batch("count_dead_letters", dead_letters, CountOutputs(JOB))
+    # the same dead_letter dicts
     sink = KafkaProducerSink(kafka, parts=4)
     produce_with_dead_letters(
-        "kafka_out", encoded.trues, dead_letters, kafka=kafka, registry=registry, sink=sink
+        "kafka_out", encoded.trues, letters, kafka=kafka, registry=registry, sink=sink
     )
     return flow

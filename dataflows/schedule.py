@@ -39,10 +39,12 @@ from bytewax.dataflow import Dataflow, Stream
 
 from dataflows._common import produce_with_dead_letters
 from dataflows._encode import Encoder
+from dataflows._metrics import CountOutputs
 from dataflows._settings import Clock, PlanningSettings
 from herald import ids
 from herald.catalog import CHANNELS, TRAFFIC_CLASSES
 from herald.config import HeraldSettings
+from herald.metrics import MetricsSettings, serve_metrics
 from herald.plan_records import EVENTS_TOPIC, Output, deliveries_topic
 from herald.scheduling import Bucket, ScheduledEntry, bucket_key, release_at
 from herald.states import State
@@ -181,6 +183,7 @@ def build_flow(
             level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s"
         )
         settings = HeraldSettings()
+        serve_metrics(MetricsSettings())
     planning = planning if planning is not None else PlanningSettings()
     clock = planning.clock()
     registry = make_registry(settings.registry)
@@ -197,14 +200,18 @@ def build_flow(
     # (bucket key, ScheduledEntry) when due
     released = op.flat_map_batch("release", due, Release(settings, clock))
     # KafkaRecord (the held bytes, deliveries topic) | Output(EXPIRED delivery_event)
-    records = op.flat_map_batch("encode", released, Encoder(settings, registry, JOB))
+    counted = op.flat_map_batch("count_events", released, CountOutputs(JOB, dead_letters=False))
+    # the same items
+    records = op.flat_map_batch("encode", counted, Encoder(settings, registry, JOB))
     # KafkaRecord | dead_letter dict
     encoded = op.branch("split_records", records, _is_record)
     falses = (cast(Stream[dict[str, Any]], s.falses) for s in (split, encoded))
     dead_letters = op.merge("dead_letters", held.errs, *falses)
     # dead_letter dict
+    letters = op.flat_map_batch("count_dead_letters", dead_letters, CountOutputs(JOB))
+    # the same dead_letter dicts
     produce_with_dead_letters(
-        "kafka_out", encoded.trues, dead_letters, kafka=settings.kafka, registry=registry,
+        "kafka_out", encoded.trues, letters, kafka=settings.kafka, registry=registry,
         sink=KafkaProducerSink(settings.kafka, parts=2),
     )  # fmt: skip
     return flow

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from datetime import datetime, timedelta
 from typing import Any
 
 from dataflows._redis import CapCharge, CapCounter, RequestGate, redis_client
@@ -45,10 +46,13 @@ DeadLetter = dict[str, Any]
 class Admission:
     """Validate decoded requests against the catalog, then drop duplicates (RequestGate)."""
 
-    def __init__(self, catalog: Catalog, settings: HeraldSettings, dedup_ttl_seconds: int) -> None:
+    def __init__(
+        self, catalog: Catalog, settings: HeraldSettings, dedup_ttl_seconds: int, clock: Clock
+    ) -> None:
         self.catalog = catalog
         self.settings = settings
         self.ttl = dedup_ttl_seconds
+        self.clock = clock
         self._gate: RequestGate | None = None
 
     def __call__(
@@ -68,8 +72,13 @@ class Admission:
             return results
         if self._gate is None:
             self._gate = RequestGate(redis_client(self.settings.redis), self.ttl)
-        verdicts = iter(self._gate.admit(admitted))
+        expiring = [(r, self._expiry(r)) for r in admitted]
+        verdicts = iter(self._gate.admit(expiring, self.clock.now()))
         return [r if not isinstance(r, PlanRequest) or next(verdicts) else None for r in results]
+
+    def _expiry(self, request: PlanRequest) -> datetime:
+        expires = request.policy.expires(self.catalog.get(request.notification_type))
+        return expires if expires is not None else self.clock.now() + timedelta(seconds=self.ttl)
 
 
 class Planner:

@@ -9,7 +9,9 @@ Both are crash-safe under Bytewax's at-least-once replays:
   record admitted. A record replayed after a crash has the same origin and is admitted again (its
   outputs are re-emitted with the same ids and deduplicated downstream); another record of the
   same notification (an upstream retry, a DLQ replay) has a different origin and is dropped. TTL:
-  `request_dedup_ttl_seconds`. Key: `plan:req:{<notification_id>}`.
+  until the request expires (a later copy would only be planned as EXPIRED), at least a minute
+  and at most `request_dedup_ttl_seconds`, so OTP floods do not fill Redis for a week.
+  Key: `plan:req:{<notification_id>}`.
 - A cap charge writes a marker per user × bucket × notification next to the counter (same hash
   slot), so charging the same notification again (a replay) is allowed without counting twice.
   The counter key and TTL come from `herald.caps`; the marker lives as long as the counter.
@@ -22,6 +24,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
+from math import ceil
 
 import redis
 
@@ -65,19 +69,21 @@ def redis_client(settings: RedisSettings) -> redis.Redis | redis.RedisCluster:
 class RequestGate:
     """Request-level dedup by notification_id (see the module docstring)."""
 
-    def __init__(self, client: redis.Redis | redis.RedisCluster, ttl_seconds: int) -> None:
+    def __init__(self, client: redis.Redis | redis.RedisCluster, max_ttl_seconds: int) -> None:
         self._client = client
         self._script = client.register_script(_GATE_SCRIPT)
-        self._ttl = ttl_seconds
+        self._max_ttl = max_ttl_seconds
 
-    def admit(self, requests: Sequence[PlanRequest]) -> list[bool]:
-        """For each request, True unless another record of its notification was admitted."""
+    def admit(self, requests: Sequence[tuple[PlanRequest, datetime]], now: datetime) -> list[bool]:
+        """For each (request, its expiry), True unless another record of its notification was
+        admitted."""
         if not requests:
             return []
         pipe = self._client.pipeline(transaction=False)
-        for req in requests:
+        for req, expires in requests:
             key = f"plan:req:{user_tag(req.notification_id)}"
-            self._script(keys=[key], args=[req.origin, self._ttl], client=pipe)
+            ttl = min(self._max_ttl, max(60, ceil((expires - now).total_seconds()) + 60))
+            self._script(keys=[key], args=[req.origin, ttl], client=pipe)
         return [bool(r) for r in pipe.execute()]
 
 

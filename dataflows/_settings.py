@@ -36,7 +36,8 @@ class PlanningSettings(BaseSettings):
     fanout_batches_per_second: float = 0.0
     # plan: keyed user-table shards (keys of the `users` step); >= 8 x the worker count.
     user_shards: int = 64
-    # plan: how long a request's notification_id is remembered to drop duplicate requests.
+    # plan: longest a request's notification_id is remembered to drop duplicate requests
+    # (shorter for requests that expire earlier: until their expiry).
     request_dedup_ttl_seconds: int = 7 * 86400
 
     # digest: a window closes this long after its end (events in flight still make it).

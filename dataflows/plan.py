@@ -96,6 +96,7 @@ def build_flow(
         serve_metrics(MetricsSettings())
     planning = planning if planning is not None else PlanningSettings()
     catalog = load_catalog(planning.catalog_path)
+    clock = planning.clock()
     registry = make_registry(settings.registry)
     kafka = settings.kafka
     flow = Dataflow(f"plan_{traffic_class}")
@@ -103,7 +104,7 @@ def build_flow(
     source = RequestSource(
         kafka, kafka.topic(f"herald.requests.{traffic_class}"),
         deserializer=AvroDeserializer(registry, "notification_request"),
-        admit=Admission(catalog, settings, planning.request_dedup_ttl_seconds),
+        admit=Admission(catalog, settings, planning.request_dedup_ttl_seconds, clock),
         audience=partial(ClickHouseAudience, settings.clickhouse),
         batch_size=planning.audience_batch_size,
         fanout_batches_per_second=planning.fanout_batches_per_second, bounded=bounded,
@@ -138,7 +139,7 @@ def build_flow(
     parts = frozenset(changelog.list_parts())
     planned = op.stateful_batch("users", merged, partial(UserShardLogic, parts))
     # (shard, Planned)
-    outputs = op.flat_map_batch("plan", planned, Planner(catalog, settings, planning.clock()))
+    outputs = op.flat_map_batch("plan", planned, Planner(catalog, settings, clock))
     # Output(topic, delivery_id, Delivery | delivery_event dict) | dead_letter dict
     counted = op.flat_map_batch("count_events", outputs, CountOutputs(JOB, dead_letters=False))
     # the same items

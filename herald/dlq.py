@@ -32,7 +32,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-import redis
 from confluent_kafka import (
     OFFSET_BEGINNING,
     OFFSET_END,
@@ -51,6 +50,7 @@ from schemas.serde import AvroDeserializer
 from sinks.channels.contacts import ContactStore
 from sinks.channels.records import RecordEncoder
 from sinks.channels.settings import DispatchSettings
+from sinks.dispatch import redis_client
 from sinks.kafka import DEAD_LETTER_TOPIC
 
 __all__ = ["DlqReplayResult", "replay_dead_letters"]
@@ -121,8 +121,8 @@ class _Replayer:
         self.deliveries = AvroDeserializer(registry, "delivery")
         self.encoder = RecordEncoder(settings, registry)
         self.kafka = settings.kafka
-        self.redis = redis.Redis.from_url(settings.redis.url, socket_timeout=10)
-        self.contacts = ContactStore(self.redis)
+        self.redis = redis_client(settings.redis)
+        self.contacts = ContactStore(self.redis, cluster=settings.redis.cluster)
         self.catalog, self.now, self.dry_run, self.force = catalog, now, dry_run, force
         self.prefix = dispatch.state_prefix
         self.producer = Producer({**settings.kafka.client_config(), "acks": "all",

@@ -29,14 +29,14 @@ import logging
 import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 import redis
 from bytewax.outputs import DynamicSink, StatelessSinkPartition
 
 from herald.breaker import CircuitBreaker
 from herald.catalog import Catalog, load_catalog
-from herald.config import HeraldSettings
+from herald.config import HeraldSettings, RedisSettings
 from herald.errors import DeliveryError
 from herald.guard import SendGuard
 from herald.metrics import JobMetrics
@@ -53,7 +53,7 @@ from sinks.channels.work import Outputs
 from sinks.kafka import KafkaProducerSink
 from sources.kafka import Decoded
 
-__all__ = ["DispatchSink", "utc_now"]
+__all__ = ["DispatchSink", "redis_client", "utc_now"]
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +61,14 @@ log = logging.getLogger(__name__)
 def utc_now() -> datetime:
     """The dispatch clock (aware UTC)."""
     return datetime.now(UTC)
+
+
+def redis_client(settings: RedisSettings) -> redis.Redis:
+    """A sync client for Redis or Redis Cluster (guard, shaper and breaker keys are hash-tagged)."""
+    if settings.cluster:
+        cluster: Any = redis.RedisCluster.from_url(settings.url, socket_timeout=10)
+        return cast(redis.Redis, cluster)
+    return redis.Redis.from_url(settings.url, socket_timeout=10)
 
 
 class DispatchSink(DynamicSink[Decoded]):
@@ -92,7 +100,7 @@ class DispatchPartition(StatelessSinkPartition[Decoded]):
     def __init__(self, sink: DispatchSink, name: str) -> None:
         settings, cfg = sink.settings, sink.dispatch
         self.name = name
-        self.redis = redis.Redis.from_url(settings.redis.url, socket_timeout=10)
+        self.redis = redis_client(settings.redis)
         catalog = sink.catalog or load_catalog(cfg.catalog_path)
         prefix = cfg.state_prefix
         guard = SendGuard(self.redis, pending_ttl_s=cfg.pending_ttl_s,
@@ -105,7 +113,7 @@ class DispatchPartition(StatelessSinkPartition[Decoded]):
         self.providers = Providers(self.loop, factories)
         sender = ShapedSender(self.providers, shaper, frozenset(cfg.rates),
                               max_wait_s=cfg.shape_max_wait_s, clock=utc_now)  # fmt: skip
-        self.contacts = ContactStore(self.redis)
+        self.contacts = ContactStore(self.redis, cluster=settings.redis.cluster)
         self.dispatcher = Dispatcher(
             cfg, catalog, guard, self.breaker, sender, self.contacts, clock=utc_now,
             metrics=JobMetrics("dispatch"), hook=sink.hook,

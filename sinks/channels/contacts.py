@@ -47,22 +47,30 @@ def _ms(value: Any) -> Any:
 class ContactStore:
     """Reads and token cleanups against the API's copies (sync client of the sink)."""
 
-    def __init__(self, client: redis.Redis, *, lock_timeout_s: float = 30.0) -> None:
+    def __init__(
+        self, client: redis.Redis, *, lock_timeout_s: float = 30.0, cluster: bool = False
+    ) -> None:
         self.client = client
         self.lock_timeout_s = lock_timeout_s
+        self.cluster = cluster
 
     def preferences(self, user_ids: Iterable[str]) -> dict[str, Preferences | None]:
-        """Latest preferences per user (None: no copy, or an unreadable one)."""
+        """Latest preferences per user (None: no copy, or an unreadable one).
+
+        One MGET on a single Redis; pipelined GETs on a cluster (keys live in users' slots).
+        """
         users = list(dict.fromkeys(user_ids))
         if not users:
             return {}
-        pipe = self.client.pipeline(transaction=False)
-        for user in users:
-            pipe.get(keys.prefs(user))
-        out: dict[str, Preferences | None] = {}
-        for user, raw in zip(users, pipe.execute(), strict=True):
-            out[user] = _prefs(user, raw)
-        return out
+        names = [keys.prefs(user) for user in users]
+        if self.cluster:
+            pipe = self.client.pipeline(transaction=False)
+            for name in names:
+                pipe.get(name)
+            raws = pipe.execute()
+        else:
+            raws = self.client.mget(names)
+        return {user: _prefs(user, raw) for user, raw in zip(users, raws, strict=True)}
 
     def resolve(self, deliveries: Iterable[dict[str, Any]]) -> None:
         """Fill a null `address` in place where the contact points copy knows it."""

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import random
+from collections import Counter
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any, cast
@@ -309,10 +310,17 @@ class Dispatcher:
             it.guard = None
 
     def _count(self, out: Outputs) -> None:
-        for ev in out.events:
-            self.metrics.event(ev["state"])
-            if ev["state"] == "PROVIDER_ACCEPTED" and ev["provider"]:
-                self.metrics.sent(ev["provider"], ev["channel"])
+        """Metrics once per batch (prometheus label lookups are not free per event)."""
+        states = Counter(ev["state"] for ev in out.events)
+        for state, n in states.items():
+            self.metrics.event(state, n)
+        sent = Counter(
+            (ev["provider"], ev["channel"])
+            for ev in out.events
+            if ev["state"] == "PROVIDER_ACCEPTED" and ev["provider"]
+        )
+        for (provider, channel), n in sent.items():
+            self.metrics.sent(provider, channel, n)
         for letter in out.dead_letters:
             self.metrics.dead_letter(letter.reason.split(":", 1)[0])
 

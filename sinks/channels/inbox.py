@@ -4,7 +4,8 @@
 delivery_id, so a redelivered delivery is stored once), which also bumps the unread count and
 publishes `{"type": "item", ...}` on the user's pub/sub channel for the API's WebSockets.
 Outcomes: stored or already stored → Accepted(delivery_id); Redis unreachable before sending →
-Retryable(connect_error); a timeout once the command was sent → Unknown.
+Retryable(connect_error); a timeout once the command was sent → Unknown. Sends wait for one of
+`max_connections` pooled connections (Redis is single-threaded: a few dozen saturate it).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from datetime import datetime
 from typing import Any, ClassVar
 
 import redis.exceptions
+from redis.asyncio import BlockingConnectionPool
 from redis.asyncio import Redis as AsyncRedis
 
 from api.inbox import add_inbox_item_async, inbox_item
@@ -37,10 +39,19 @@ class InboxClient:
 
     provider: ClassVar[str] = "inbox"
 
-    def __init__(self, redis_url: str, *, max_items: int = 500, timeout_s: float = 5.0) -> None:
-        self.redis = AsyncRedis.from_url(
-            redis_url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
-        )
+    def __init__(
+        self,
+        redis_url: str,
+        *,
+        max_items: int = 500,
+        timeout_s: float = 5.0,
+        max_connections: int = 32,
+    ) -> None:
+        pool = BlockingConnectionPool.from_url(
+            redis_url, max_connections=max_connections, timeout=timeout_s,
+            socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
+        )  # fmt: skip
+        self.redis = AsyncRedis(connection_pool=pool)
         self.max_items = max_items
 
     async def send(self, delivery: Mapping[str, Any]) -> Outcome:

@@ -66,6 +66,7 @@ def test_campaign_policy_outcomes(settings: HeraldSettings) -> None:
             prefs(u3, channel_opt_out=["email"]),
             prefs(u4, category_opt_out=["marketing"]),
             prefs(u5, timezone="Asia/Kolkata", quiet_hours=quiet_now()),
+            prefs(u1, version=2, timezone="Mars/Olympus_Mons"),  # bad: dead-lettered, u1 kept
         ],
         "user_id",
     )
@@ -102,6 +103,7 @@ def test_campaign_policy_outcomes(settings: HeraldSettings) -> None:
         "unknown_notification_type": 1,
         "missing_param:cta_url": 1,
         "bad_magic_byte": 1,
+        "invalid_timezone": 1,
     }
 
 

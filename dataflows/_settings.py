@@ -11,13 +11,17 @@ and must stay 0 in production: every time decision of the planning jobs reads `C
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-__all__ = ["Clock", "PlanningSettings"]
+from herald.config import HeraldSettings
+from herald.metrics import MetricsSettings, serve_metrics
+
+__all__ = ["Clock", "PlanningSettings", "entry_settings"]
 
 
 class PlanningSettings(BaseSettings):
@@ -67,3 +71,13 @@ class Clock:
     def now(self) -> datetime:
         """The current job time, timezone-aware UTC."""
         return datetime.now(UTC) + self.offset
+
+
+def entry_settings(settings: HeraldSettings | None) -> HeraldSettings:
+    """`settings`, or, when a job is the entry point (None): configure logging, serve /metrics
+    (HERALD_METRICS_PORT) and load the settings from the environment."""
+    if settings is not None:
+        return settings
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    serve_metrics(MetricsSettings())
+    return HeraldSettings()

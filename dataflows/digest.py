@@ -43,7 +43,7 @@ from bytewax.dataflow import Dataflow, Stream
 from dataflows._common import produce_with_dead_letters
 from dataflows._encode import Encoder
 from dataflows._metrics import CountOutputs
-from dataflows._settings import Clock, PlanningSettings
+from dataflows._settings import Clock, PlanningSettings, entry_settings
 from herald.catalog import Catalog, load_catalog
 from herald.config import HeraldSettings
 from herald.digest import (
@@ -55,7 +55,6 @@ from herald.digest import (
     step,
 )
 from herald.errors import SerdeError
-from herald.metrics import MetricsSettings, serve_metrics
 from herald.plan_records import Output
 from schemas.registry import make_registry
 from schemas.serde import AvroDeserializer
@@ -234,12 +233,7 @@ def build_flow(
 ) -> Dataflow:
     """The digest job. Without `settings` (entry point) it reads the environment and configures
     logging. `bounded=True` stops at the current end of the input (benchmarks)."""
-    if settings is None:
-        logging.basicConfig(
-            level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s"
-        )
-        settings = HeraldSettings()
-        serve_metrics(MetricsSettings())
+    settings = entry_settings(settings)
     planning = planning if planning is not None else PlanningSettings()
     catalog = load_catalog(planning.catalog_path)
     clock = planning.clock()

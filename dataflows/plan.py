@@ -32,12 +32,13 @@ are re-checked by dispatch just before sending.
 
 from __future__ import annotations
 
-import logging
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypeGuard, cast
 
 import bytewax.operators as op
 from bytewax.dataflow import Dataflow, Stream
+from bytewax.operators import BranchOut
 
 from dataflows._audience import ClickHouseAudience
 from dataflows._changelog import ChangelogSource
@@ -46,13 +47,12 @@ from dataflows._encode import Encoder
 from dataflows._metrics import CountOutputs
 from dataflows._planner import Admission, Planner
 from dataflows._requests import RequestSource
-from dataflows._settings import PlanningSettings
+from dataflows._settings import Clock, PlanningSettings, entry_settings
 from dataflows._users import ChangelogDecoder, UserShardLogic, to_shards
-from herald.catalog import TRAFFIC_CLASSES, load_catalog
+from herald.catalog import TRAFFIC_CLASSES, Catalog, load_catalog
 from herald.config import HeraldSettings
-from herald.metrics import MetricsSettings, serve_metrics
 from herald.planning import AudienceBatch, CaughtUp, TableUpdate, split_by_shard
-from schemas.registry import make_registry
+from schemas.registry import SchemaRegistry, make_registry
 from schemas.serde import AvroDeserializer
 from sinks.kafka import KafkaProducerSink, KafkaRecord
 
@@ -76,6 +76,46 @@ def _is_record(item: Any) -> TypeGuard[KafkaRecord]:
     return isinstance(item, KafkaRecord)
 
 
+@dataclass(frozen=True)
+class _Parts:
+    """What the input halves of the flow need (built once in `build_flow`)."""
+
+    settings: HeraldSettings
+    planning: PlanningSettings
+    catalog: Catalog
+    clock: Clock
+    registry: SchemaRegistry
+
+
+def _tasks(flow: Dataflow, p: _Parts, traffic_class: str, bounded: bool) -> BranchOut[Any, Any]:
+    """Requests -> audience batches; `.trues` keyed by user shard, `.falses` dead letters."""
+    kafka = p.settings.kafka
+    source = RequestSource(
+        kafka, kafka.topic(f"herald.requests.{traffic_class}"),
+        deserializer=AvroDeserializer(p.registry, "notification_request"),
+        admit=Admission(p.catalog, p.settings, p.planning.request_dedup_ttl_seconds, p.clock),
+        audience=partial(ClickHouseAudience, p.settings.clickhouse),
+        batch_size=p.planning.audience_batch_size,
+        fanout_batches_per_second=p.planning.fanout_batches_per_second, bounded=bounded,
+    )  # fmt: skip
+    requests = op.input("requests_in", flow, source)
+    # AudienceBatch | dead_letter dict
+    return op.branch("split_requests", requests, _is_batch)
+
+
+def _table(flow: Dataflow, p: _Parts, bounded: bool) -> tuple[BranchOut[Any, Any], frozenset[str]]:
+    """Changelog records -> table updates and CaughtUp markers; and the changelog partitions."""
+    kafka = p.settings.kafka
+    topics = [kafka.topic(PREFERENCES_TOPIC), kafka.topic(DEVICES_TOPIC)]
+    changelog = ChangelogSource(kafka, topics, bounded=bounded)
+    changes = op.input("users_in", flow, changelog)
+    # KafkaMessage | CaughtUp
+    decoder = ChangelogDecoder(AvroDeserializer(p.registry), kafka.topic(PREFERENCES_TOPIC))
+    decoded = op.map("decode_users", changes, decoder)
+    # TableUpdate | CaughtUp | dead_letter dict
+    return op.branch("split_users", decoded, _is_table_item), frozenset(changelog.list_parts())
+
+
 def build_flow(
     settings: HeraldSettings | None = None,
     *,
@@ -84,76 +124,42 @@ def build_flow(
     bounded: bool = False,
 ) -> Dataflow:
     """The plan job of one traffic class. Without `settings` (entry point) it reads the
-    environment and configures logging. `bounded=True` stops at the current end of every input
-    (tests, benchmarks)."""
+    environment, configures logging and serves /metrics. `bounded=True` stops at the current end
+    of every input (tests, benchmarks)."""
     if traffic_class not in TRAFFIC_CLASSES:
         raise ValueError(f"traffic_class must be one of {TRAFFIC_CLASSES}, got {traffic_class!r}")
-    if settings is None:
-        logging.basicConfig(
-            level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s"
-        )
-        settings = HeraldSettings()
-        serve_metrics(MetricsSettings())
+    settings = entry_settings(settings)
     planning = planning if planning is not None else PlanningSettings()
-    catalog = load_catalog(planning.catalog_path)
-    clock = planning.clock()
-    registry = make_registry(settings.registry)
-    kafka = settings.kafka
-    flow = Dataflow(f"plan_{traffic_class}")
-
-    source = RequestSource(
-        kafka, kafka.topic(f"herald.requests.{traffic_class}"),
-        deserializer=AvroDeserializer(registry, "notification_request"),
-        admit=Admission(catalog, settings, planning.request_dedup_ttl_seconds, clock),
-        audience=partial(ClickHouseAudience, settings.clickhouse),
-        batch_size=planning.audience_batch_size,
-        fanout_batches_per_second=planning.fanout_batches_per_second, bounded=bounded,
+    p = _Parts(
+        settings, planning, load_catalog(planning.catalog_path), planning.clock(),
+        make_registry(settings.registry),
     )  # fmt: skip
-    requests = op.input("requests_in", flow, source)
-    # AudienceBatch | dead_letter dict
-    split = op.branch("split_requests", requests, _is_batch)
-    tasks = op.flat_map(
-        "fan_out", split.trues, partial(split_by_shard, shards=planning.user_shards)
-    )
+    flow = Dataflow(f"plan_{traffic_class}")
+    shards = planning.user_shards
+    split = _tasks(flow, p, traffic_class, bounded)
+    tasks = op.flat_map("fan_out", split.trues, partial(split_by_shard, shards=shards))
     # (shard, UserTasks)
-
-    changelog = ChangelogSource(
-        kafka, [kafka.topic(PREFERENCES_TOPIC), kafka.topic(DEVICES_TOPIC)], bounded=bounded
-    )
-    changes = op.input("users_in", flow, changelog)
-    # KafkaMessage | CaughtUp
-    decoded = op.map(
-        "decode_users",
-        changes,
-        ChangelogDecoder(AvroDeserializer(registry), kafka.topic(PREFERENCES_TOPIC)),
-    )
-    # TableUpdate | CaughtUp | dead_letter dict
-    updates = op.branch("split_users", decoded, _is_table_item)
-    routed = op.flat_map(
-        "route_users", updates.trues, partial(to_shards, shards=planning.user_shards)
-    )
+    updates, parts = _table(flow, p, bounded)
+    routed = op.flat_map("route_users", updates.trues, partial(to_shards, shards=shards))
     # (shard, TableUpdate | CaughtUp)
-
     merged = op.merge("to_users", tasks, routed)
     # (shard, UserTasks | TableUpdate | CaughtUp)
-    parts = frozenset(changelog.list_parts())
     planned = op.stateful_batch("users", merged, partial(UserShardLogic, parts))
     # (shard, Planned)
-    outputs = op.flat_map_batch("plan", planned, Planner(catalog, settings, clock))
+    outputs = op.flat_map_batch("plan", planned, Planner(p.catalog, settings, p.clock))
     # Output(topic, delivery_id, Delivery | delivery_event dict) | dead_letter dict
     counted = op.flat_map_batch("count_events", outputs, CountOutputs(JOB, dead_letters=False))
     # the same items
-    records = op.flat_map_batch("encode", counted, Encoder(settings, registry, JOB))
+    records = op.flat_map_batch("encode", counted, Encoder(settings, p.registry, JOB))
     # KafkaRecord | dead_letter dict
     encoded = op.branch("split_records", records, _is_record)
-    dead_letters = op.merge(
-        "dead_letters", *(cast(Stream[DeadLetter], s.falses) for s in (split, updates, encoded))
-    )
+    falses = (cast(Stream[DeadLetter], s.falses) for s in (split, updates, encoded))
+    dead_letters = op.merge("dead_letters", *falses)
     # dead_letter dict
     letters = op.flat_map_batch("count_dead_letters", dead_letters, CountOutputs(JOB))
     # the same dead_letter dicts
-    sink = KafkaProducerSink(kafka, parts=4)
     produce_with_dead_letters(
-        "kafka_out", encoded.trues, letters, kafka=kafka, registry=registry, sink=sink
-    )
+        "kafka_out", encoded.trues, letters, kafka=settings.kafka, registry=p.registry,
+        sink=KafkaProducerSink(settings.kafka, parts=4),
+    )  # fmt: skip
     return flow

@@ -40,11 +40,10 @@ from bytewax.dataflow import Dataflow, Stream
 from dataflows._common import produce_with_dead_letters
 from dataflows._encode import Encoder
 from dataflows._metrics import CountOutputs
-from dataflows._settings import Clock, PlanningSettings
+from dataflows._settings import Clock, PlanningSettings, entry_settings
 from herald import ids
 from herald.catalog import CHANNELS, TRAFFIC_CLASSES
 from herald.config import HeraldSettings
-from herald.metrics import MetricsSettings, serve_metrics
 from herald.plan_records import EVENTS_TOPIC, Output, deliveries_topic
 from herald.scheduling import Bucket, ScheduledEntry, bucket_key, release_at
 from herald.states import State
@@ -178,12 +177,7 @@ def build_flow(
 ) -> Dataflow:
     """The schedule job. Without `settings` (entry point) it reads the environment and
     configures logging."""
-    if settings is None:
-        logging.basicConfig(
-            level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s"
-        )
-        settings = HeraldSettings()
-        serve_metrics(MetricsSettings())
+    settings = entry_settings(settings)
     planning = planning if planning is not None else PlanningSettings()
     clock = planning.clock()
     registry = make_registry(settings.registry)

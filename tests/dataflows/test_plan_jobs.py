@@ -52,7 +52,8 @@ def recovery_dir(tmp_path: Path) -> tuple[Path, list[str]]:
 
 
 def snapshotted_batch(recovery: Path) -> int:
-    """The highest next-batch number of a segment expansion in the request source's snapshots."""
+    """The highest next-batch number of a segment expansion in the request source's snapshots
+    (of any epoch written so far, committed or not)."""
     best = -1
     for db in recovery.glob("*.sqlite3"):
         with sqlite3.connect(db) as conn:
@@ -90,7 +91,7 @@ def test_segment_fan_out_resumes_after_sigkill(
             "notification_id",
         )
         deadline = time.monotonic() + 45
-        while snapshotted_batch(recovery) < 2:
+        while snapshotted_batch(recovery) < 3:  # written; its epoch may not be committed yet
             assert job.running() and time.monotonic() < deadline, job.output()[-3000:]
             time.sleep(0.2)
     finally:
@@ -103,7 +104,7 @@ def test_segment_fan_out_resumes_after_sigkill(
         output = job.stop()
     assert_no_job_errors(output)
     resumed = re.search(rf"plan.audience_resume notification_id={nid} batch=(\d+)", output)
-    assert resumed is not None and int(resumed.group(1)) >= 2, output[-3000:]
+    assert resumed is not None and 1 <= int(resumed.group(1)) <= 4, output[-3000:]
     assert planned_users(events, nid) == set(users)
     assert {e["state"] for e in events} == {"PLANNED"}
     assert len(events) <= 5000 + 2000, "the restart re-planned more than the unfinished batches"

@@ -56,9 +56,12 @@ def write_report(results: dict[str, tuple[int, str, float]]) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
-    parser.add_argument("scenarios", nargs="*", choices=[[], *SCENARIOS], default=[])
+    parser.add_argument("scenarios", nargs="*", help=f"any of {', '.join(SCENARIOS)} (default all)")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per scenario")
     args = parser.parse_args(argv)
+    unknown = sorted(set(args.scenarios) - set(SCENARIOS))
+    if unknown:
+        parser.error(f"unknown scenario(s): {', '.join(unknown)}")
     RESULTS.mkdir(exist_ok=True)
     results: dict[str, tuple[int, str, float]] = {}
     for name in args.scenarios or SCENARIOS:

@@ -8,6 +8,7 @@ producer. `python -m api --host H --port P` loads settings from the environment 
 
 from __future__ import annotations
 
+import gc
 import logging
 import sys
 from collections.abc import AsyncIterator
@@ -66,6 +67,7 @@ def create_app(
         st.producer.start()
         for _, ser in st.serializers.values():
             _ = ser.schema_id  # register schemas before the first request
+        gc.freeze()  # startup objects (catalog, schemas, app) out of every future GC pass
         log.info("api.started topic_prefix=%s", settings.kafka.topic_prefix or "-")
         try:
             yield

@@ -8,8 +8,8 @@ whose cursor (the last user id of the previous page) is all the plan job needs t
 audience at the next unfinished batch. `params` carries per-user template params (first_name).
 
 The same client code reads the embedded ClickHouse (the `clickhouse` service) and a production
-cluster. `SEGMENT_MEMBERS_DDL` is idempotent; the store applies it on first use until it becomes
-a numbered migration in infra/migrations.
+cluster. The table is created by migration infra/migrations/0008_segment_members.sql
+(`herald migrate`, and at every `herald up`).
 """
 
 from __future__ import annotations
@@ -24,30 +24,12 @@ from herald.config import ClickHouseSettings
 from infra.clickhouse import herald_client
 
 __all__ = [
-    "SEGMENT_MEMBERS_DDL",
     "AudienceStore",
     "ClickHouseAudience",
     "load_segment",
 ]
 
 log = logging.getLogger(__name__)
-
-SEGMENT_MEMBERS_DDL = """
-CREATE TABLE IF NOT EXISTS {database}.segment_members
-(
-    segment_id String
-        COMMENT 'Immutable audience snapshot; new membership is a new segment_id',
-    user_id String
-        COMMENT 'Member; pages are read in user_id order (keyset cursor)',
-    params Map(String, String)
-        COMMENT 'Per-user template params (e.g. first_name); usually empty'
-)
-ENGINE = ReplacingMergeTree
--- One contiguous range per segment; a re-loaded member collapses into one row on merge, and
--- readers take one row per user_id (LIMIT 1 BY) until then.
-ORDER BY (segment_id, user_id)
-COMMENT 'Audience snapshots expanded by the plan job in 1,000-user batches'
-"""
 
 _PAGE = """
 SELECT user_id, params FROM {database}.segment_members
@@ -81,9 +63,7 @@ class ClickHouseAudience:
 
     def _ready(self) -> Client:
         if self._client is None:
-            client = herald_client(self._settings)
-            client.command(SEGMENT_MEMBERS_DDL.format(database=self._settings.database))
-            self._client = client
+            self._client = herald_client(self._settings)
         return self._client
 
     def page(self, segment_id: str, after: str, limit: int) -> list[Member]:
@@ -110,7 +90,6 @@ def load_segment(
     """Write a segment snapshot (tests, demos, benchmarks); returns the number of rows."""
     client = herald_client(settings)
     try:
-        client.command(SEGMENT_MEMBERS_DDL.format(database=settings.database))
         rows: list[list[object]] = []
         total = 0
         for member in members:

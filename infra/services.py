@@ -280,7 +280,14 @@ def http_app(name: str, module: str, url_name: str | None = None) -> Component:
 
 # Herald's own processes, started after the services are bootstrapped.
 JOBS: list[Component] = [
+    http_app("api", "api", url_name="api"),
     bytewax_job("accepted", "dataflows.accepted:build_flow()"),
+    bytewax_job("digest", "dataflows.digest:build_flow()"),
+    # one planning job per traffic class: a bulk backlog never delays transactional planning
+    bytewax_job("plan_transactional", "dataflows.plan:build_flow(traffic_class='transactional')"),
+    bytewax_job("plan_normal", "dataflows.plan:build_flow(traffic_class='normal')"),
+    bytewax_job("plan_bulk", "dataflows.plan:build_flow(traffic_class='bulk')"),
+    bytewax_job("schedule", "dataflows.schedule:build_flow()"),
     bytewax_job("receipts", "dataflows.receipts:build_flow()"),
     bytewax_job("warehouse", "dataflows.warehouse:build_flow()"),
     http_app("dashboards", "dashboards", url_name="dashboard"),

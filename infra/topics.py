@@ -30,7 +30,7 @@ class TopicSpec:
 
     def config(self) -> dict[str, str]:
         """Topic-level broker config for creation."""
-        conf = {"cleanup.policy": self.cleanup_policy}
+        conf: dict[str, str] = {"cleanup.policy": self.cleanup_policy}
         if self.cleanup_policy == "delete" and self.retention_ms is not None:
             conf["retention.ms"] = str(self.retention_ms)
         return conf
@@ -94,7 +94,7 @@ def create_topics(
     from confluent_kafka.admin import AdminClient, NewTopic
 
     topics = topics if topics is not None else load_topics()
-    admin = AdminClient(kafka.client_config())
+    admin = AdminClient(dict(kafka.client_config()))
     new = [
         NewTopic(
             kafka.topic(spec.name),

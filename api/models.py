@@ -85,6 +85,8 @@ class NotificationCreate(_Body):
     params: dict[ParamKey, ParamValue] = Field(default_factory=dict, max_length=MAX_PARAMS)
     channels: list[Channel] | None = Field(default=None, min_length=1, max_length=4)
     send_at: AwareDatetime | None = None
+    # "09:00 in each recipient's timezone" (local-time campaigns); exclusive with send_at
+    send_local_time: str | None = Field(default=None, pattern=r"^([01]\d|2[0-3]):[0-5]\d$")
     expire_at: AwareDatetime | None = None
     locale: Locale | None = None
 
@@ -104,6 +106,8 @@ class NotificationCreate(_Body):
 
     @model_validator(mode="after")
     def _expiry_after_send(self) -> NotificationCreate:
+        if self.send_at and self.send_local_time:
+            raise ValueError("give send_at or send_local_time, not both")
         if self.send_at and self.expire_at and self.expire_at <= self.send_at:
             raise ValueError("expire_at must be after send_at")
         return self
@@ -250,6 +254,7 @@ def to_request_record(
         "channels": list(model.channels) if model.channels is not None else None,
         "locale": model.locale,
         "send_at": model.send_at,
+        "send_local_time": model.send_local_time,
         "expire_at": model.expire_at,
         "accepted_at": accepted_at,
         "source": source,

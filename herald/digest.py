@@ -348,6 +348,7 @@ def notification_request(
         "channels": None,
         "locale": None,
         "send_at": None,
+        "send_local_time": None,
         "expire_at": None,
         "accepted_at": accepted_at,
         "source": "digest",

@@ -43,6 +43,7 @@ def request(nid: str, notification_type: str, **changes: Any) -> dict[str, Any]:
         "channels": None,
         "locale": None,
         "send_at": None,
+        "send_local_time": None,
         "expire_at": None,
         "accepted_at": now(),
         "source": "api",

@@ -39,6 +39,7 @@ def record(**changes: Any) -> dict[str, Any]:
         "channels": None,
         "locale": None,
         "send_at": None,
+        "send_local_time": None,
         "expire_at": None,
         "accepted_at": NOW,
         "source": "api",

@@ -26,6 +26,7 @@ def _notification_request() -> dict[str, Any]:
         "channels": ["sms", "push"],
         "locale": "de-CH",
         "send_at": None,
+        "send_local_time": None,
         "expire_at": NOW,
         "accepted_at": NOW,
         "source": "api",

@@ -7,7 +7,6 @@ and helpers to read what the app wrote to Kafka.
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -23,6 +22,7 @@ from api.app import create_app
 from api.auth import SCOPES, Tenants, hash_key
 from api.settings import ApiSettings, ProviderSecrets
 from herald.config import HeraldSettings
+from infra.process import free_port
 from schemas.registry import make_registry
 from schemas.serde import AvroDeserializer
 
@@ -57,12 +57,6 @@ def make_tenants() -> Tenants:
             }
         }
     )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

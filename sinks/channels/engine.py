@@ -223,16 +223,18 @@ class Dispatcher:
             action = decide_refused(ctx, it.policy, admission.retry_in_s)
             if self._apply(it, action, None, now, out):
                 again.append(it)
-        sent, deferred = self.sender.send(ready, out.events)
+
+        def settle(it: Item, outcome: Outcome) -> None:
+            if it.admission is not None:
+                self.breaker.record_outcome(outcome, it.admission)
+            at = self.clock()
+            if self._apply(it, decide(outcome, self._ctx(it, at), it.policy), outcome, at, out):
+                again.append(it)
+
+        deferred = self.sender.send(ready, out.events, settle)
         now = self.clock()
         for it in deferred:
             self._defer(it, now, out)
-        for it, outcome in sent:
-            if it.admission is not None:
-                self.breaker.record_outcome(outcome, it.admission)
-            action = decide(outcome, self._ctx(it, now), it.policy)
-            if self._apply(it, action, outcome, now, out):
-                again.append(it)
         return again
 
     def _ctx(

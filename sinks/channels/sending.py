@@ -7,6 +7,8 @@ for APNs) and keeps taking tokens while those chunks are in flight. When a group
 tokens than it asks for, the worker sleeps for the shaper's `wait_s` (the backlog stays in
 Kafka: backpressure) up to `shape_max_wait_s` per round; what is still not granted then is
 returned as `deferred` (the caller requeues it through the retry topic, no attempt counted).
+Outcomes are settled (decided, events built) as chunks complete, inside those waits, so the
+worker's own work overlaps the token waits instead of adding a gap after the last chunk.
 
 SENDING events are emitted when a chunk is submitted. A client that raises (a bug) yields
 `Unknown("client_error")`: the request may have left, so it is never blindly retried.
@@ -33,7 +35,8 @@ __all__ = ["ShapedSender"]
 
 log = logging.getLogger(__name__)
 
-Sent = list[tuple[Item, Outcome]]
+Settle = Callable[[Item, Outcome], None]
+Pending = tuple[list[Item], concurrent.futures.Future[list[Outcome]]]
 
 
 class ShapedSender:
@@ -56,33 +59,47 @@ class ShapedSender:
         self.clock = clock
         self.sleep = sleep
 
-    def send(self, items: list[Item], events: list[dict[str, Any]]) -> tuple[Sent, list[Item]]:
-        """(items with their outcomes, items deferred for lack of tokens); appends SENDING."""
+    def send(self, items: list[Item], events: list[dict[str, Any]], settle: Settle) -> list[Item]:
+        """Send `items` (SENDING events appended to `events`); `settle(item, outcome)` is called
+        for each as its outcome arrives — while the worker waits for tokens too, so deciding
+        and building events overlaps the shaping waits. Returns the items not granted tokens
+        within `max_wait_s` (deferred)."""
         if not items:
-            return [], []
+            return []
         self.providers.ensure([it.provider for it in items])
         groups: dict[tuple[str, str], list[Item]] = {}
         for it in items:
             groups.setdefault((it.provider, str(it.delivery["tenant_id"])), []).append(it)
-        futures: list[tuple[list[Item], concurrent.futures.Future[list[Outcome]]]] = []
+        futures: list[Pending] = []
         deadline = time.monotonic() + self.max_wait_s
         while groups:
             wait = self._grant_round(groups, futures, events)
-            if not groups:
+            if not groups or time.monotonic() + wait > deadline:
                 break
-            if time.monotonic() + wait > deadline:
-                break
-            self.sleep(wait)
-        deferred = [it for group in groups.values() for it in group]
-        sent: Sent = []
+            until = time.monotonic() + wait / 2  # wake before the bucket fills: no token lost
+            futures = self._harvest(futures, settle, block=False)
+            left = until - time.monotonic()
+            if left > 0:
+                self.sleep(left)
+        self._harvest(futures, settle, block=True)
+        return [it for group in groups.values() for it in group]
+
+    @staticmethod
+    def _harvest(futures: list[Pending], settle: Settle, *, block: bool) -> list[Pending]:
+        """Settle the finished chunks (all of them when `block`); return the pending ones."""
+        pending: list[Pending] = []
         for chunk, future in futures:
-            sent.extend(zip(chunk, future.result(), strict=True))
-        return sent, deferred
+            if block or future.done():
+                for it, outcome in zip(chunk, future.result(), strict=True):
+                    settle(it, outcome)
+            else:
+                pending.append((chunk, future))
+        return pending
 
     def _grant_round(
         self,
         groups: dict[tuple[str, str], list[Item]],
-        futures: list[tuple[list[Item], concurrent.futures.Future[list[Outcome]]]],
+        futures: list[Pending],
         events: list[dict[str, Any]],
     ) -> float:
         """Take tokens for every group once; submit what was granted; return the least wait."""
@@ -108,7 +125,7 @@ class ShapedSender:
         self,
         provider: str,
         chunk: list[Item],
-        futures: list[tuple[list[Item], concurrent.futures.Future[list[Outcome]]]],
+        futures: list[Pending],
         events: list[dict[str, Any]],
     ) -> None:
         now = self.clock()

@@ -122,6 +122,8 @@ class DispatchSettings(BaseSettings):
     )
     # Records read per Kafka partition and poll (the sink's batch is at most partitions x this).
     batch_size: int = Field(default=1000, ge=1)
+    # Deliveries dispatched together (one guard/re-check round trip, one set of sends).
+    max_slice: int = Field(default=1000, ge=1)
     # A delivery due later than now + this goes (back) to the retry topic to be held there.
     early_tolerance_s: float = Field(default=0.5, ge=0)
     # Upper bound of a provider call, as the guard TTL check assumes it.

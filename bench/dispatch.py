@@ -120,8 +120,7 @@ def job_env(settings: HeraldSettings, sims: dict[str, RunningSimulator], rates: 
            "HERALD_REGISTRY_PATH": str(settings.registry.path),
            "HERALD_DISPATCH_STATE_PREFIX": f"bench{uuid.uuid4().hex[:6]}:",
            "HERALD_DISPATCH_RATES": orjson.dumps(rates).decode(),
-           "HERALD_APNS_MAX_CONCURRENCY": "1000", "HERALD_TWILIO_MAX_CONNECTIONS": "64",
-           "HERALD_SENDGRID_MAX_CONNECTIONS": "64"}  # fmt: skip
+           "HERALD_APNS_MAX_CONCURRENCY": "1000"}  # fmt: skip
     for name, sim in sims.items():
         env.update(client_env(name, sim.credentials()))
     return env
@@ -318,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
                     raw = raw_client(channel, sims, base.redis.url, n)
                     results[channel] = report(f"dispatch {channel} (bulk, {n:,} deliveries)",
                                               {**herald, "raw_client": raw})  # fmt: skip
-                rate = args.rate or _budget(results)
+                rate = _budget(results) if args.rate is None else args.rate
                 if rate > 0:
                     results["shaping"] = report(
                         "shaping: APNs budget", shaping(base, sims, rate, args.processes, tmp)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 from herald import ids
@@ -429,8 +429,3 @@ def _unknown(
         events.append(ev.make(State.RETRY_SCHEDULED, then.reason, at=then.at))
         return Effects(events, guard="release", retry=record)
     return Effects(events, guard="unknown")
-
-
-def next_in(seconds: float, now: datetime) -> datetime:
-    """`now + seconds` (helper for requeues)."""
-    return now + timedelta(seconds=max(seconds, 0.0))

@@ -28,7 +28,7 @@ import logging
 import random
 from collections import Counter
 from collections.abc import Callable, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, cast
 
 from herald.breaker import CircuitBreaker
@@ -38,7 +38,6 @@ from herald.dispatching import (
     due_at,
     effects,
     event,
-    next_in,
     parse_sent_marker,
     provider_of,
     recheck,
@@ -325,6 +324,11 @@ class Dispatcher:
             self.metrics.sent(provider, channel, n)
         for letter in out.dead_letters:
             self.metrics.dead_letter(letter.reason.split(":", 1)[0])
+
+
+def next_in(seconds: float, now: datetime) -> datetime:
+    """`now + seconds` (never in the past)."""
+    return now + timedelta(seconds=max(seconds, 0.0))
 
 
 def _done(outcome: Accepted) -> Action:

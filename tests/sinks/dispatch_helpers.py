@@ -12,7 +12,6 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -197,7 +196,3 @@ def put_devices(client: redis.Redis, user: str, tokens: list[str]) -> None:
     record = {"user_id": user, "devices": devices, "phone": None, "email": None,
               "updated_at": 0, "version": 3}  # fmt: skip
     client.set(keys.contact_points(user), orjson.dumps(record))
-
-
-def state_dir(tmp: Path, name: str) -> Path:
-    return tmp / name

@@ -11,7 +11,6 @@ import pytest
 import redis
 
 from api import keys
-from herald import ids
 from herald.guard import AlreadySent, Proceed
 from infra.simulators.launcher import RunningSimulator, start_simulator
 from sinks.channels.contacts import ContactStore
@@ -227,13 +226,6 @@ def test_retries_exhausted_are_dead_lettered(fresh: dict, url: str) -> None:
     assert letter.record["delivery_id"] == last["delivery_id"]
     assert letter.record["attempt"] == 6 and letter.record["expire_at"] == last["expire_at"]
     assert not out.retries
-
-
-def test_event_ids_are_deterministic() -> None:
-    d = delivery()
-    assert ids.event_id(d["delivery_id"], "SENDING", 1) == ids.event_id(
-        d["delivery_id"], "SENDING", 1
-    )
 
 
 def test_concurrent_workers_send_once(fresh: dict, url: str) -> None:

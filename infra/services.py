@@ -231,7 +231,32 @@ SERVICES: list[Component] = [
 ]
 
 
-def bytewax_job(name: str, import_str: str, ready_timeout: float = 60.0) -> Component:
+def simulator_client_env(ctx: Ctx) -> dict[str, str]:
+    """HERALD_APNS_*, HERALD_FCM_*, ... pointing the provider clients at the simulators.
+
+    Read from the credentials each simulator wrote at start (the simulators are services, so
+    they are healthy before any job starts). In production these variables hold the real
+    providers' endpoints and credentials instead.
+    """
+    import json
+
+    from sinks.channels.simenv import client_env
+
+    api = f"http://{ctx.host}:{ctx.port('api')}" if "api" in ctx.ports else None
+    env: dict[str, str] = {}
+    for name in PROVIDER_SIMULATORS:
+        path = ctx.run_dir / "simulators" / name / "credentials.json"
+        if path.exists():
+            env.update(client_env(name, json.loads(path.read_text()), api))
+    return env
+
+
+def bytewax_job(
+    name: str,
+    import_str: str,
+    ready_timeout: float = 60.0,
+    extra_env: Callable[[Ctx], dict[str, str]] | None = None,
+) -> Component:
     """A dataflow run as `python -m bytewax.run` with recovery snapshots in the run directory.
 
     The job counts as healthy while its process runs; its recovery partitions are created by
@@ -256,7 +281,10 @@ def bytewax_job(name: str, import_str: str, ready_timeout: float = 60.0) -> Comp
         address=lambda ctx: f"{import_str} (metrics :{ctx.port(metrics_port)})",
         ready_timeout=ready_timeout,
         ports=(metrics_port,),
-        env=lambda ctx: {"HERALD_METRICS_PORT": str(ctx.port(metrics_port))},
+        env=lambda ctx: {
+            "HERALD_METRICS_PORT": str(ctx.port(metrics_port)),
+            **(extra_env(ctx) if extra_env else {}),
+        },
     )
 
 
@@ -288,6 +316,20 @@ JOBS: list[Component] = [
     bytewax_job("plan_normal", "dataflows.plan:build_flow(traffic_class='normal')"),
     bytewax_job("plan_bulk", "dataflows.plan:build_flow(traffic_class='bulk')"),
     bytewax_job("schedule", "dataflows.schedule:build_flow()"),
+    # dispatch: one job per traffic class here (all channels); production runs one per
+    # channel x class (channel='push', ...) scaled with -i/-a
+    *(
+        bytewax_job(
+            f"dispatch_{cls}",
+            f"dataflows.dispatch:build_flow(channel='all', traffic_class='{cls}')",
+            extra_env=simulator_client_env,
+        )
+        for cls in ("transactional", "normal", "bulk")
+    ),
+    *(
+        bytewax_job(f"retry_{cls}", f"dataflows.retry:build_flow(traffic_class='{cls}')")
+        for cls in ("transactional", "normal", "bulk")
+    ),
     bytewax_job("receipts", "dataflows.receipts:build_flow()"),
     bytewax_job("warehouse", "dataflows.warehouse:build_flow()"),
     http_app("dashboards", "dashboards", url_name="dashboard"),

@@ -1,12 +1,12 @@
 """`herald`: one command line for the whole platform.
 
-    herald up [--detach]      start the embedded stack (Ctrl-C stops all of it)
-    herald status [--json]    is every component healthy? (exit 0 only if so)
-    herald down               stop a stack started with --detach (or in another terminal)
-    herald migrate            apply ClickHouse migrations
-    herald topics             list the topic catalog; `herald topics --create` creates them
-    herald schemas            check every Avro schema against its published history
-    herald logs NAME          print the end of a component's log
+herald up [--detach]      start the embedded stack (Ctrl-C stops all of it)
+herald status [--json]    is every component healthy? (exit 0 only if so)
+herald down               stop a stack started with --detach (or in another terminal)
+herald migrate            apply ClickHouse migrations
+herald topics             list the topic catalog; `herald topics --create` creates them
+herald schemas            check every Avro schema against its published history
+herald logs NAME          print the end of a component's log
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from herald.config import ClickHouseSettings, HeraldSettings, KafkaSettings, RunSettings
+from herald.config import ClickHouseSettings, HeraldSettings, RunSettings
 from herald.errors import HeraldError
 
 app = typer.Typer(
@@ -261,7 +261,9 @@ def schemas(
 
 @app.command()
 def replay(
-    topic: Annotated[str, typer.Option("--topic", help="Logical topic, e.g. herald.delivery-events")],
+    topic: Annotated[
+        str, typer.Option("--topic", help="Logical topic, e.g. herald.delivery-events")
+    ],
     from_: Annotated[str, typer.Option("--from", help="Start: ISO 8601, `now` or relative `-2h`.")],
     to: Annotated[str, typer.Option("--to", help="End (exclusive), same forms.")] = "now",
     into: Annotated[
@@ -278,9 +280,29 @@ def replay(
     its source topic (delivery_id and expire_at kept, expired ones dropped); any other topic →
     copied into --into (or itself).
     """
-    from herald.replay import replay_cli
+    from herald.replay import parse_time, replay_cli
 
-    code = replay_cli(_stack_settings(run_dir), topic, from_, to, into, force=force)
+    settings = _stack_settings(run_dir)
+    exclude: set[str] = set()
+    if topic == "herald.dead-letters" and into is None:
+        # dispatch's letters are replayed by herald.dlq: same delivery_id and expire_at, a
+        # fresh retry budget, expiry and opt-out re-checked; the rest by herald.replay
+        from herald.dlq import replay_dead_letters
+
+        try:
+            since = parse_time(from_)
+        except ValueError as exc:
+            err.print(f"[red]bad time:[/] {exc}")
+            raise typer.Exit(2) from exc
+        with console.status("replaying dispatch dead letters…"):
+            result = replay_dead_letters(settings, since=since, force=force)
+        skipped = ", ".join(f"{k} {v}" for k, v in sorted(result.skipped.items())) or "none"
+        console.print(
+            f"dispatch dead letters: {result.replayed} replayed of {result.scanned} read, "
+            f"skipped: {skipped}"
+        )
+        exclude.add("dispatch")
+    code = replay_cli(settings, topic, from_, to, into, force=force, exclude_jobs=exclude)
     raise typer.Exit(code)
 
 

@@ -68,6 +68,8 @@ def committed_offsets(recovery_root: Path) -> dict[str, dict[tuple[str, int], in
             for _step, key, blob in rows:
                 partition, _, topic = str(key).partition("-")
                 value = pickle.loads(blob) if blob is not None else None  # noqa: S301 (own data)
+                if isinstance(value, tuple) and value:
+                    value = value[0]  # (next offset, extra state), e.g. plan's audience cursors
                 if isinstance(value, int) and partition.isdigit():
                     offsets[(topic, int(partition))] = value
         out[job_dir.name] = offsets

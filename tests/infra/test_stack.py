@@ -29,6 +29,42 @@ def herald(*args: str, run_dir: Path, timeout: float = 240) -> subprocess.Comple
     )
 
 
+DEV_KEY = {"X-API-Key": "hk_dev_local_do_not_use_in_production"}
+
+
+def otp_travels_the_whole_pipeline(api: str) -> None:
+    """API → plan → dispatch → SMS simulator → signed status callback → receipts → DELIVERED."""
+    import httpx
+
+    with httpx.Client(base_url=api, headers=DEV_KEY, timeout=10) as client:
+        contact = {"phone": {"e164": "+14155550123", "verified": True}}
+        assert client.put("/v1/users/e2e-user/contact-points", json=contact).status_code == 200
+        # Known race (open in the planning issue): the plan job learns contact points from the
+        # herald.devices changelog, a different topic than the request; a request planned
+        # before the changelog record is read is suppressed with no_contact_point.
+        time.sleep(5)
+        body = {
+            "request_id": "e2e-otp-1",
+            "notification_type": "otp_login",
+            "recipients": {"user_ids": ["e2e-user"]},
+            "params": {"code": "482913"},
+        }
+        accepted = client.post("/v1/notifications", json=body)
+        assert accepted.status_code == 202, accepted.text
+        nid = accepted.json()["notification_id"]
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            status = client.get(f"/v1/notifications/{nid}").json()
+            states = {d["channel"]: d for d in status.get("deliveries", [])}
+            if states.get("sms", {}).get("state") == "DELIVERED":
+                break
+            time.sleep(0.5)
+        sms = states["sms"]
+        assert sms["state"] == "DELIVERED", f"{sms} in {status}"
+        assert sms["provider"] in ("sms_a", "sms_b")
+        assert sms["layers"]["provider_accepted"] == "yes"
+
+
 def test_second_start_is_refused_and_stop_leaves_nothing(tmp_path: Path) -> None:
     stack = Stack(tmp_path, services=CORE_SERVICES[:2], jobs=[])  # kafka, redis
     ctx = stack.start()
@@ -76,9 +112,14 @@ def test_cli_up_status_down(tmp_path: Path) -> None:
         ):
             assert doc["services"][name]["healthy"], doc["services"][name]
             assert doc["services"][name]["address"]
-        for job in ("accepted", "receipts", "warehouse", "dashboards"):
+        jobs = ("api", "accepted", "digest", "plan_transactional", "plan_normal", "plan_bulk")
+        jobs += ("schedule", "dispatch_transactional", "dispatch_bulk", "retry_transactional")
+        jobs += ("receipts", "warehouse", "dashboards")
+        for job in jobs:
             assert doc["services"][job]["healthy"], doc["services"][job]
         assert doc["dashboard_url"] and doc["dashboard_url"].startswith("http://127.0.0.1:")
+        assert doc["api_url"] and doc["api_url"].startswith("http://127.0.0.1:")
+        otp_travels_the_whole_pipeline(doc["api_url"])
         pids = [s["pid"] for s in doc["services"].values()]
         ports = read_state(tmp_path)["ports"].values()  # type: ignore[index]
     finally:

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict
 
 from api import keys
 from herald import states
+from herald.status_keys import status_entry as status_entry  # one JSON layout, shared
 
 if TYPE_CHECKING:
     import redis
@@ -76,18 +77,6 @@ def layers_for(state: str, channel: str) -> Layers:
     except (KeyError, ValueError):  # a channel or state this API version does not know
         derived = {"provider_accepted": "unknown", "delivered": "unknown"}
     return Layers(accepted="yes", **cast(dict[str, Any], derived))
-
-
-def status_entry(
-    *, state: str, channel: str, user_id: str, updated_at: datetime,
-    reason: str | None = None, provider: str | None = None,
-) -> bytes:  # fmt: skip
-    """The JSON value of one `status:{nid}` field."""
-    return orjson.dumps(
-        {"state": state, "reason": reason, "channel": channel, "user_id": user_id,
-         "provider": provider, "updated_at": updated_at},
-        option=orjson.OPT_UTC_Z,
-    )  # fmt: skip
 
 
 def put_delivery_status(

@@ -74,7 +74,7 @@ def status_entry(
     *, state: str, channel: str, user_id: str, updated_at: datetime,
     reason: str | None = None, provider: str | None = None,
 ) -> bytes:  # fmt: skip
-    """The JSON value of one `status:{nid}` field (same bytes as api.status.status_entry)."""
+    """The JSON value of one `status:{nid}` field (written by the API, plan, dispatch, receipts)."""
     return orjson.dumps(
         {"state": state, "reason": reason, "channel": channel, "user_id": user_id,
          "provider": provider, "updated_at": updated_at},

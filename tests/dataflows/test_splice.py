@@ -46,10 +46,7 @@ def variants(name: str, rng: random.Random) -> list[dict[str, Any]]:
 
 @pytest.mark.parametrize("name", schema_names())
 def test_compiled_writer_matches_fastavro(name: str) -> None:
-    try:
-        writer = compile_writer(json.loads(schema_text(name)))
-    except TypeError as exc:  # a schema with a type the splicer does not serve
-        pytest.skip(str(exc))
+    writer = compile_writer(json.loads(schema_text(name)))  # every Herald schema is served
     for rec in variants(name, random.Random(name)):
         assert writer(rec) == fastavro_bytes(name, rec)
 

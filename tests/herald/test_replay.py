@@ -43,10 +43,11 @@ def produce_events(settings: HeraldSettings, tenant: str, at: datetime) -> int:
     return len(events)
 
 
-def counts(settings: HeraldSettings, tenant: str) -> dict[str, Any]:
+def counts(settings: HeraldSettings, tenant: str, now: datetime | None = None) -> dict[str, Any]:
+    """Every panel over a 60-minute window ending at `now` (fixed by callers that compare)."""
     client = herald_client(settings.clickhouse)
     try:
-        params = window(60, tenant)
+        params = window(60, tenant, now)
         panels = {name: run_panel(client, name, params) for name in PANELS}
         rows = client.query(
             "SELECT count() FROM delivery_events FINAL WHERE tenant_id = {t:String}",
@@ -83,10 +84,11 @@ def test_rebuild_clickhouse_twice_changes_no_count(settings: HeraldSettings) -> 
 
     assert (result.mode, result.in_range, result.written) == ("clickhouse", n, n)
     assert result.scanned >= n and seen[-1] == (result.scanned, result.scanned)
-    first = counts(settings, tenant)
-    assert first["rows"] == n and counts(settings, other)["rows"] == 0
+    at = now + timedelta(minutes=2)  # one fixed window for every read
+    first = counts(settings, tenant, at)
+    assert first["rows"] == n and counts(settings, other, at)["rows"] == 0
     assert replay(settings, "herald.delivery-events", frm, to).written == n
-    assert counts(settings, tenant) == first
+    assert counts(settings, tenant, at) == first
 
 
 @pytest.mark.integration
@@ -165,7 +167,9 @@ def test_warehouse_job_loads_every_event_and_replays_change_nothing(
     job = FlowJob("dataflows.warehouse:build_flow()", env, "-s", "1")
     try:
         wait_for(lambda: counts(settings, tenant)["rows"] == n)
-        first = counts(settings, tenant)
+        # one fixed window for both reads: a minute boundary between them must not shift buckets
+        at = datetime.now(UTC) + timedelta(minutes=2)
+        first = counts(settings, tenant, at)
         assert warehouse_events(port) == n
         # re-drive the range through Kafka (the job loads it again) and into ClickHouse directly
         frm, to = now - timedelta(minutes=1), now + timedelta(minutes=1)
@@ -176,7 +180,7 @@ def test_warehouse_job_loads_every_event_and_replays_change_nothing(
         assert replay(settings, "herald.delivery-events", frm, to).written == 2 * n  # + copies
         wait_for(lambda: warehouse_events(port) == 2 * n)
         time.sleep(1.5)  # the job inserts after counting: give the last batch time to land
-        assert counts(settings, tenant) == first
+        assert counts(settings, tenant, at) == first
         assert job.proc.poll() is None
     finally:
         job.stop()

@@ -38,10 +38,10 @@ from bytewax.dataflow import Dataflow, Stream
 from dataflows._common import produce_with_dead_letters
 from dataflows._encode import Encoder
 from dataflows._settings import Clock
-from dataflows.schedule import BucketLogic, expired_event
+from dataflows.schedule import BucketLogic, Release, is_keyed, is_record
 from herald.catalog import CHANNELS, TRAFFIC_CLASSES
 from herald.config import HeraldSettings
-from herald.plan_records import EVENTS_TOPIC, Output, deliveries_topic
+from herald.plan_records import deliveries_topic
 from herald.scheduling import ScheduledEntry, bucket_key
 from schemas.registry import make_registry
 from sinks.kafka import KafkaRecord
@@ -85,37 +85,6 @@ class RetryParser:
         return bucket_key(due, did, self.bucket_seconds, self.shards), entry
 
 
-class Release:
-    """A due entry -> its record on the deliveries topic, or an EXPIRED event (`Output`)."""
-
-    def __init__(self, settings: HeraldSettings, clock: Clock) -> None:
-        self.kafka = settings.kafka
-        self.clock = clock
-
-    def __call__(self, batch: list[tuple[str, ScheduledEntry]]) -> list[KafkaRecord | Output]:
-        now = self.clock.now()
-        out: list[KafkaRecord | Output] = []
-        for _key, entry in batch:
-            if entry.expired(now):
-                event = {**expired_event(entry, now), "attributes": {"while": "retry_wait"}}
-                out.append(Output(EVENTS_TOPIC, entry.delivery_id, event))
-            else:
-                out.append(
-                    KafkaRecord(self.kafka.topic(entry.topic), entry.delivery_id, entry.value)
-                )
-        if out:
-            log.debug("retry.released n=%d", len(out))
-        return out
-
-
-def _is_keyed(item: Any) -> bool:
-    return isinstance(item, tuple)
-
-
-def _is_record(item: Any) -> bool:
-    return isinstance(item, KafkaRecord)
-
-
 def build_flow(
     settings: HeraldSettings | None = None,
     *,
@@ -144,16 +113,17 @@ def build_flow(
     # oks: Decoded(KafkaMessage, delivery dict); errs: dead_letter dict
     parsed = op.map("to_entries", held.oks, RetryParser(clock, bucket_seconds, shards))
     # (bucket key, ScheduledEntry) | dead_letter dict
-    split = op.branch("split_entries", parsed, _is_keyed)
+    split = op.branch("split_entries", parsed, is_keyed)
     entries = cast(Stream[tuple[str, ScheduledEntry]], split.trues)
     due = op.stateful_batch("buckets", entries, partial(BucketLogic, clock))
     # (bucket key, ScheduledEntry) when due
-    released = op.flat_map_batch("release", due, Release(settings, clock))
+    release = Release(settings, clock, expired_attributes={"while": "retry_wait"})
+    released = op.flat_map_batch("release", due, release)
     # KafkaRecord (the held bytes, deliveries topic) | Output(EXPIRED delivery_event)
     encoder = cast(Callable[[list[Any]], list[Any]], Encoder(settings, registry, JOB))
     records = op.flat_map_batch("encode", released, encoder)
     # KafkaRecord | dead_letter dict
-    encoded = op.branch("split_records", records, _is_record)
+    encoded = op.branch("split_records", records, is_record)
     dead_letters = op.merge("dead_letters", held.errs, split.falses, encoded.falses)
     # dead_letter dict
     produce_with_dead_letters(

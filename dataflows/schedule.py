@@ -147,16 +147,26 @@ def expired_event(entry: ScheduledEntry, now: datetime) -> dict[str, Any]:
 class Release:
     """A due entry -> its record on the deliveries topic, or an EXPIRED event (`Output`)."""
 
-    def __init__(self, settings: HeraldSettings, clock: Clock) -> None:
+    def __init__(
+        self,
+        settings: HeraldSettings,
+        clock: Clock,
+        expired_attributes: dict[str, str] | None = None,
+    ) -> None:
         self.kafka = settings.kafka
         self.clock = clock
+        # replaces the EXPIRED event's attributes (the retry job says what was waiting)
+        self.expired_attributes = expired_attributes
 
     def __call__(self, batch: list[tuple[str, ScheduledEntry]]) -> list[KafkaRecord | Output]:
         now = self.clock.now()
         out: list[KafkaRecord | Output] = []
         for _key, entry in batch:
             if entry.expired(now):
-                out.append(Output(EVENTS_TOPIC, entry.delivery_id, expired_event(entry, now)))
+                event = expired_event(entry, now)
+                if self.expired_attributes is not None:
+                    event = {**event, "attributes": self.expired_attributes}
+                out.append(Output(EVENTS_TOPIC, entry.delivery_id, event))
             else:
                 out.append(
                     KafkaRecord(self.kafka.topic(entry.topic), entry.delivery_id, entry.value)
@@ -164,11 +174,11 @@ class Release:
         return out
 
 
-def _is_keyed(item: Any) -> TypeGuard[tuple[str, ScheduledEntry]]:
+def is_keyed(item: Any) -> TypeGuard[tuple[str, ScheduledEntry]]:
     return isinstance(item, tuple)
 
 
-def _is_record(item: Any) -> TypeGuard[KafkaRecord]:
+def is_record(item: Any) -> TypeGuard[KafkaRecord]:
     return isinstance(item, KafkaRecord)
 
 
@@ -189,7 +199,7 @@ def build_flow(
     # oks: Decoded(KafkaMessage, delivery dict); errs: dead_letter dict
     parsed = op.map("to_entries", held.oks, EntryParser(planning, clock))
     # (bucket key, ScheduledEntry) | dead_letter dict
-    split = op.branch("split_entries", parsed, _is_keyed)
+    split = op.branch("split_entries", parsed, is_keyed)
     due = op.stateful_batch("buckets", split.trues, partial(BucketLogic, clock))
     # (bucket key, ScheduledEntry) when due
     released = op.flat_map_batch("release", due, Release(settings, clock))
@@ -198,7 +208,7 @@ def build_flow(
     # the same items
     records = op.flat_map_batch("encode", counted, Encoder(settings, registry, JOB))
     # KafkaRecord | dead_letter dict
-    encoded = op.branch("split_records", records, _is_record)
+    encoded = op.branch("split_records", records, is_record)
     falses = (cast(Stream[dict[str, Any]], s.falses) for s in (split, encoded))
     dead_letters = op.merge("dead_letters", held.errs, *falses)
     # dead_letter dict

@@ -90,3 +90,19 @@ def subprocess_env(settings: HeraldSettings) -> dict[str, str]:
     import os
 
     return {**os.environ, **child_env(settings)}
+
+
+# Provider simulators as real processes, started only by the tests that ask for them.
+from tests.simulator_fixtures import (  # noqa: E402, F401 - pytest finds fixtures by name
+    apns,
+    apns_proc,
+    email,
+    email_proc,
+    fcm,
+    fcm_proc,
+    recorder,
+    sms_a,
+    sms_a_proc,
+    sms_b,
+    sms_b_proc,
+)

@@ -2,7 +2,9 @@
 
 `Faults` turns the current `SimConfig` into per-request decisions (latency, rate limit, injected
 error, hang after accept); `Stats` counts what happened and keeps, per address, the ids of the
-messages accepted for it so tests can count duplicates (`GET /_admin/stats`).
+messages accepted for it so tests can count duplicates (`GET /_admin/stats`), and a log of
+`[unix time, address, outcome]` per provider request so end-to-end tests can measure when each
+message arrived and how retries spread (`GET /_admin/stats?log=1`).
 """
 
 from __future__ import annotations
@@ -102,6 +104,7 @@ class Stats:
     """Counters of one simulator process (reset by `POST /_admin/reset`)."""
 
     def __init__(self) -> None:
+        self.record_log = True  # follows SimConfig.record_ids (set by the simulator)
         self.reset()
 
     def reset(self) -> None:
@@ -114,18 +117,22 @@ class Stats:
         self.callbacks: Counter[str] = Counter()
         self.accepted_ids: dict[str, list[list[str | None]]] = {}
         self.extra: Counter[str] = Counter()
+        self.log: list[tuple[float, str | None, str]] = []
 
-    def error(self, kind: str) -> None:
-        """Count one answered error of `kind` (wire reason or code)."""
+    def error(self, kind: str, address: str | None = None) -> None:
+        """Count one answered error of `kind` (wire reason or code); log it when recording."""
         self.errors[kind] += 1
+        if self.record_log:
+            self.log.append((time.time(), address, kind))
 
     def accept(self, address: str, msg_id: str, ref: str | None, record: bool) -> None:
         """Count one accepted message; keep `[msg_id, ref]` under its address if `record`."""
         self.accepted += 1
         if record:
             self.accepted_ids.setdefault(address, []).append([msg_id, ref])
+            self.log.append((time.time(), address, "accepted"))
 
-    def snapshot(self, include_ids: bool = True) -> dict[str, Any]:
+    def snapshot(self, include_ids: bool = True, include_log: bool = False) -> dict[str, Any]:
         """JSON-able view for `GET /_admin/stats`."""
         out: dict[str, Any] = {
             "requests": self.requests,
@@ -138,4 +145,6 @@ class Stats:
         }
         if include_ids:
             out["accepted_ids"] = self.accepted_ids
+        if include_log:
+            out["log"] = self.log
         return out

@@ -8,7 +8,8 @@ did not). Handlers are plain coroutines `handle(Request) -> Response | HANG`; no
 Routes common to all simulators:
 
     GET  /healthz          {"ok": true, "simulator": name}
-    GET  /_admin/stats     counters + accepted ids per address (`?ids=0` omits the ids)
+    GET  /_admin/stats     counters + accepted ids per address (`?ids=0` omits the ids;
+                           `?log=1` adds [unix time, address, outcome] per provider request)
     GET  /_admin/config    the current fault config
     POST /_admin/config    patch the fault config (whole top-level fields), returns it
     POST /_admin/reset     zero the counters (`?config=1`: also restore the start config)
@@ -113,6 +114,7 @@ class Simulator(ABC):
         self.callback_url = callback_url
         self.faults = Faults(config)
         self.stats = Stats()
+        self.stats.record_log = config.record_ids
 
     @property
     def base_url(self) -> str:
@@ -133,6 +135,7 @@ class Simulator(ABC):
         self._check_kinds(new)
         self.config = new
         self.faults.update(new)
+        self.stats.record_log = new.record_ids
         self.on_config(new)
         log.info("simulator.reconfigured name=%s fields=%s", self.name, sorted(patch))
         return new
@@ -203,8 +206,10 @@ class RsgiApp:
         if req.path == "/healthz":
             return json_response(200, {"ok": True, "simulator": sim.name})
         if req.path == "/_admin/stats":
-            ids = req.query_params().get("ids", "1") not in ("0", "false")
-            return json_response(200, sim.stats.snapshot(include_ids=ids))
+            query = req.query_params()
+            ids = query.get("ids", "1") not in ("0", "false")
+            log_ = query.get("log", "0") in ("1", "true")
+            return json_response(200, sim.stats.snapshot(include_ids=ids, include_log=log_))
         if req.path == "/_admin/reset" and req.method == "POST":
             sim.stats.reset()
             if req.query_params().get("config") in ("1", "true"):

@@ -150,11 +150,11 @@ class TwilioSimulator(Simulator):
             retry_after = faults.throttle()
             if retry_after is not None:
                 stats.rate_limited += 1
-                stats.error("20429")
+                stats.error("20429", form.get("To"))
                 return _error("20429", retry_after)
             code = faults.pick_error()
         if code is not None:
-            stats.error(code)
+            stats.error(code, form.get("To"))
             retry = self.config.retry_after_s if code in ("20429", "503") else None
             return _error(code, retry)
         resource = self._create(form)

@@ -140,17 +140,17 @@ class VonageSimulator(Simulator):
             retry_after = faults.throttle()
             if retry_after is not None:
                 stats.rate_limited += 1
-                stats.error("1")
+                stats.error("1", to)
                 if self.config.throttle_style == "http429":
                     return json_response(429, {}, [("retry-after", str(int(retry_after)))])
                 return _reply(to, "1", STATUS_TEXT["1"])
             status = faults.pick_error()
         if status in _HTTP_ERRORS:
-            stats.error(status)
+            stats.error(status, to)
             code = _HTTP_ERRORS[status]
             return json_response(code, {"type": "about:blank", "title": "Server error"})
         if status is not None:
-            stats.error(status)
+            stats.error(status, to)
             return _reply(to, status, STATUS_TEXT[status])
         parts = 1 if len(p["text"]) <= 160 else -(-len(p["text"]) // 153)
         messages = [

@@ -80,6 +80,20 @@ def test_accepted_ids_count_duplicates_per_address(sms_a: RunningSimulator) -> N
     assert sms_a.stats()["accepted"] == 0
 
 
+def test_request_log_times_every_outcome_per_address(sms_a: RunningSimulator) -> None:
+    """`?log=1`: [unix time, address, outcome] per request, for end-to-end timing checks."""
+    import time
+
+    before = time.time()
+    create(sms_a, to="+447700900081")
+    sms_a.configure(errors={"503": 1.0})
+    assert create(sms_a, to="+447700900082").status_code == 503
+    log = sms_a._client().get("/_admin/stats", params={"log": "1"}).json()["log"]
+    assert [(a, o) for _, a, o in log] == [("+447700900081", "accepted"), ("+447700900082", "503")]
+    assert all(before <= t <= time.time() for t, _, _ in log)
+    assert "log" not in sms_a.stats()
+
+
 def test_reset_restores_start_config(sms_a: RunningSimulator) -> None:
     sms_a.configure(errors={"500": 1.0})
     sms_a.reset(config=True)

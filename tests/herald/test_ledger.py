@@ -1,0 +1,109 @@
+"""The delivery ledger: Herald's view against the providers' view, without any service."""
+
+from __future__ import annotations
+
+from herald.ledger import (
+    ExpectedDelivery,
+    HeraldEvent,
+    ProviderCopy,
+    ProviderView,
+    reconcile,
+)
+
+
+def otp(n: int, traffic_class: str = "transactional") -> ExpectedDelivery:
+    return ExpectedDelivery(f"n{n}", f"u{n}", "sms", f"+1415555{n:04d}", traffic_class)
+
+
+def ev(n: int, state: str, msg_id: str | None = None) -> HeraldEvent:
+    return HeraldEvent(f"n{n}", f"u{n}", "sms", state, f"d{n}", "sms_a", msg_id)
+
+
+def copy(n: int, msg_id: str, provider: str = "sms_a", ref: str | None = None) -> ProviderCopy:
+    return ProviderCopy(provider, f"+1415555{n:04d}", msg_id, ref)
+
+
+def test_delivered_once_is_neither_lost_nor_duplicated() -> None:
+    report = reconcile(
+        [otp(1)],
+        [ev(1, "PLANNED"), ev(1, "SENDING"), ev(1, "PROVIDER_ACCEPTED", "SM1"), ev(1, "DELIVERED")],
+        [copy(1, "SM1")],
+    )
+    assert report.reached_counts() == {"PROVIDER_ACCEPTED": 1}
+    assert report.losses == [] and report.duplicates == 0 and report.unseen == []
+
+
+def test_a_delivery_stuck_before_the_provider_with_no_copy_is_a_loss() -> None:
+    report = reconcile([otp(1), otp(2)], [ev(1, "PLANNED"), ev(1, "SENDING")], [])
+    assert [o.expected.user_id for o in report.losses] == ["u1", "u2"]
+    assert report.losses[1].last_state == "no events"
+    assert "LOST n1 u1 sms: PLANNED,SENDING" in report.render()
+
+
+def test_terminal_states_are_ends_not_losses() -> None:
+    events = [ev(1, "SUPPRESSED"), ev(2, "EXPIRED"), ev(3, "FAILED_PERMANENT"), ev(4, "UNKNOWN")]
+    report = reconcile([otp(1), otp(2), otp(3), otp(4)], events, [])
+    assert report.reached_counts() == {
+        "SUPPRESSED": 1,
+        "EXPIRED": 1,
+        "FAILED_PERMANENT": 1,
+        "UNKNOWN": 1,
+    }
+    assert report.losses == []
+
+
+def test_second_copy_at_either_sms_provider_is_a_duplicate() -> None:
+    """Sent at sms_a, not recorded, failed over and sent again at sms_b: the user got two."""
+    report = reconcile(
+        [otp(1), otp(2)],
+        [ev(1, "PROVIDER_ACCEPTED", "V2"), ev(2, "PROVIDER_ACCEPTED", "SM3")],
+        [copy(1, "SM1"), copy(1, "V2", provider="sms_b"), copy(2, "SM3")],
+    )
+    assert report.duplicates == 1
+    [dup] = report.duplicated
+    assert dup.expected.user_id == "u1" and dup.recorded_msg_ids == {"V2"}
+    assert "DUP  n1 u1 sms x2" in report.render()
+
+
+def test_copies_at_unexpected_addresses_are_strays_and_push_counts_per_provider() -> None:
+    push = ExpectedDelivery("n9", "u9", "push", "tok9", "bulk")
+    report = reconcile(
+        [push],
+        [HeraldEvent("n9", "u9", "push", "PROVIDER_ACCEPTED", "d9", "fcm", "m1")],
+        [ProviderCopy("fcm", "tok9", "m1"), ProviderCopy("apns", "tok-other", "a1")],
+    )
+    assert report.duplicates == 0 and [s.address for s in report.strays] == ["tok-other"]
+    assert report.by_class("bulk").reached_counts() == {"PROVIDER_ACCEPTED": 1}
+    assert report.by_class("transactional").outcomes == []
+
+
+def test_provider_accepted_without_any_copy_is_reported_unseen_and_copy_without_end_stuck() -> None:
+    report = reconcile(
+        [otp(1), otp(2)], [ev(1, "PROVIDER_ACCEPTED", "SM1"), ev(2, "SENDING")], [copy(2, "SM2")]
+    )
+    assert [o.expected.user_id for o in report.unseen] == ["u1"]
+    assert [o.expected.user_id for o in report.stuck_with_copy] == ["u2"]
+    assert report.losses == []
+
+
+def test_request_level_events_are_ignored() -> None:
+    request_level = HeraldEvent("n1", "u1", "", "PROVIDER_ACCEPTED")
+    assert reconcile([otp(1)], [request_level], []).losses[0].states == frozenset()
+
+
+def test_provider_view_keeps_every_incarnation_of_a_restarted_simulator() -> None:
+    view = ProviderView()
+    view.observe("sms_a", 100, {"accepted_ids": {"+1": [["SM1", None]]}}, at=1.0)
+    view.observe("sms_a", 100, {"accepted_ids": {"+1": [["SM1", None]], "+2": [["SM2", None]]}})
+    # killed and restarted: the new process starts from zero
+    view.observe("sms_a", 200, {"accepted_ids": {"+1": [["SM9", "d1"]]}}, at=5.0)
+    view.observe("sms_b", 300, {"accepted": 0})
+    copies = sorted(view.copies(), key=lambda c: c.msg_id)
+    assert [(c.address, c.msg_id, c.incarnation) for c in copies] == [
+        ("+1", "SM1", 100),
+        ("+2", "SM2", 100),
+        ("+1", "SM9", 200),
+    ]
+    assert copies[0].first_seen == 1.0 and copies[1].first_seen is None
+    assert copies[2].ref == "d1" and copies[2].first_seen == 5.0
+    assert view.incarnations("sms_a") == 2 and view.incarnations("sms_b") == 1

@@ -1,78 +1,134 @@
-"""`python -m bench [SCENARIO ...]` (`make bench`): run benchmark scenarios, write a report.
+"""`python -m bench [SCENARIO ...] [--quick]` (`make bench`): every SPEC §6 benchmark, one report.
 
-Each scenario is a module of this package runnable on its own (`python -m bench.plan`); it
-starts its own embedded stack, measures Herald beside a raw baseline of the same records in
-the same run, and prints its figures. This runner runs them one after another (never in
-parallel: they would measure each other), keeps each one's output in
-bench/results/<scenario>.txt and collects them in bench/results/REPORT.md.
+Each scenario is a module of this package runnable on its own (`python -m bench.plan`) that
+starts its own embedded stack and measures Herald beside a raw baseline of the same work in the
+same run. This runner runs them one after another, each in its own child process (never in
+parallel: they would measure each other; a crash or leak stays in the child), takes each one's
+structured result (bench/_report.py), draws its plots (bench/_plots.py) and writes
+bench/results/REPORT.md with the PNGs beside it. Each child's output is kept in
+bench/results/<scenario>.txt.
+
+`--quick` runs small volumes (a smoke run for tests, seconds per scenario, figures not
+meaningful); `--out DIR` writes elsewhere than bench/results.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
+import json
+import os
 import subprocess
 import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
-SCENARIOS = ("api_accept", "plan", "digest", "dispatch")
+from bench._report import render
+
+# name -> (callable "module:function" returning a Result dict given quick=..., timeout s)
+SCENARIOS: dict[str, tuple[str, float]] = {
+    "api_accept": ("bench._adapters:api_accept", 240),
+    "plan": ("bench._adapters:plan", 300),
+    "digest": ("bench._adapters:digest", 300),
+    "dispatch": ("bench._adapters:dispatch", 420),
+    "otp_latency": ("bench.otp_latency:result", 360),
+    "smoothing": ("bench.smoothing:result", 300),
+    "recovery": ("bench._adapters:recovery", 600),
+}
+# Scenarios whose module another piece of work adds; absent → "not run", never a failure.
+OPTIONAL = {"recovery": "bench.recovery"}
 RESULTS = Path(__file__).with_name("results")
+REPO = Path(__file__).resolve().parents[1]
 
 
-def run_scenario(name: str, timeout: float) -> tuple[int, str, float]:
-    """Run one scenario in its own process; returns (exit code, output, seconds)."""
+def call(target: str, quick: bool) -> dict[str, Any]:
+    """Import `module:function` and call it (in this process)."""
+    module, func = target.split(":")
+    result: dict[str, Any] = getattr(importlib.import_module(module), func)(quick=quick)
+    return result
+
+
+def run_child(name: str, quick: bool, out: Path, timeout: float) -> dict[str, Any]:
+    """Run one scenario in a child process; returns its run record for the report."""
+    result_path = out / f".{name}.json"
+    result_path.unlink(missing_ok=True)
+    argv = [sys.executable, "-m", "bench", "--one", name, "--result", str(result_path)]
     started = time.monotonic()
     try:
         proc = subprocess.run(
-            [sys.executable, "-m", f"bench.{name}"],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
-        code, output = proc.returncode, proc.stdout + proc.stderr[-4000:]
+            [*argv, *(["--quick"] if quick else [])],
+            capture_output=True, text=True, timeout=timeout, cwd=REPO,
+            start_new_session=True,
+        )  # fmt: skip
+        code, output = proc.returncode, proc.stdout + proc.stderr
     except subprocess.TimeoutExpired as exc:
-        out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
-        code, output = 124, out + f"\n(timed out after {timeout:.0f}s)"
-    return code, output, time.monotonic() - started
+        text = exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
+        code, output = 124, text + f"\n(timed out after {timeout:.0f}s)"
+    seconds = time.monotonic() - started
+    (out / f"{name}.txt").write_text(output)
+    run: dict[str, Any] = {"seconds": seconds, "result": None, "error": "", "pngs": []}
+    if code == 0 and result_path.exists():
+        run["result"] = json.loads(result_path.read_text())
+        run["status"] = "ok"
+        result_path.unlink()
+    else:
+        run["status"] = f"failed (exit {code})"
+        run["error"] = output[-3000:]
+    return run
 
 
-def write_report(results: dict[str, tuple[int, str, float]]) -> Path:
-    lines = [
-        "# Herald benchmark report",
-        "",
-        f"Run {datetime.now(UTC):%Y-%m-%d %H:%M UTC} on this machine "
-        "(2 cores; shared and noisy: compare ratios to the baselines, not absolute times).",
-        "Reproduce with `make bench` (or `python -m bench SCENARIO`).",
-        "",
-    ]
-    for name, (code, output, seconds) in results.items():
-        status = "ok" if code == 0 else f"failed (exit {code})"
-        lines += [f"## {name} — {status}, {seconds:.0f}s", "", "```", output.strip(), "```", ""]
-    report = RESULTS / "REPORT.md"
-    report.write_text("\n".join(lines))
-    return report
+def draw(name: str, run: dict[str, Any], out: Path) -> None:
+    """Render the result's plots next to the report (a plot that fails is noted, not fatal)."""
+    from bench._plots import render_plot
+
+    for plot in (run.get("result") or {}).get("plots", []):
+        try:
+            run["pngs"].append(render_plot(plot, out, name).name)
+        except Exception as exc:  # noqa: BLE001 - a broken plot must not lose the report
+            run["result"]["notes"].append(f"plot {plot.get('name')} failed: {exc!r}")
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the scenarios and write the report; exit 1 if any scenario failed."""
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
     parser.add_argument("scenarios", nargs="*", help=f"any of {', '.join(SCENARIOS)} (default all)")
-    parser.add_argument("--timeout", type=float, default=1800, help="seconds per scenario")
+    parser.add_argument("--quick", action="store_true", help="small volumes (smoke run)")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="report directory")
+    parser.add_argument("--one", help=argparse.SUPPRESS)  # child mode: run one scenario
+    parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.one:
+        res = call(SCENARIOS[args.one][0], args.quick)
+        args.result.write_text(json.dumps(res, default=str))
+        return 0
     unknown = sorted(set(args.scenarios) - set(SCENARIOS))
     if unknown:
         parser.error(f"unknown scenario(s): {', '.join(unknown)}")
-    RESULTS.mkdir(exist_ok=True)
-    results: dict[str, tuple[int, str, float]] = {}
-    for name in args.scenarios or SCENARIOS:
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    for old in out.glob("*.png"):
+        old.unlink()
+    started = datetime.now(UTC)
+    runs: dict[str, dict[str, Any]] = {}
+    for name in args.scenarios or list(SCENARIOS):
+        module = OPTIONAL.get(name)
+        if module and importlib.util.find_spec(module) is None:
+            runs[name] = {"status": f"not run ({module} is not present)", "seconds": 0,
+                          "result": None, "error": "", "pngs": []}  # fmt: skip
+            print(f"== {name}: not run ({module} is not present)", flush=True)
+            continue
         print(f"== {name} …", flush=True)
-        code, output, seconds = run_scenario(name, args.timeout)
-        (RESULTS / f"{name}.txt").write_text(output)
-        print(output.strip(), flush=True)
-        results[name] = (code, output, seconds)
-    report = write_report(results)
-    print(f"report: {report}")
-    return 0 if all(code == 0 for code, _, _ in results.values()) else 1
+        target, timeout = SCENARIOS[name]
+        runs[name] = run = run_child(name, args.quick, out, timeout * (0.5 if args.quick else 1))
+        draw(name, run, out)
+        print(f"   {run['status']} in {run['seconds']:.0f}s", flush=True)
+        report = out / "REPORT.md"  # rewritten after each scenario: a partial run still reports
+        report.write_text(render(runs, quick=args.quick, started=started, cores=os.cpu_count()))
+    print(f"report: {out / 'REPORT.md'}")
+    return 0 if all(r["status"] == "ok" or "not run" in r["status"] for r in runs.values()) else 1
 
 
 if __name__ == "__main__":

@@ -47,10 +47,19 @@ class Run:
     statuses: dict[str, int] = field(default_factory=dict)
     started: float = 0.0
     finished: float = 0.0
+    completions: list[float] = field(default_factory=list)  # perf_counter of each response
 
     def done(self, now: float) -> None:
         """Record one completion at `now` (perf_counter)."""
         self.finished = max(self.finished, now)
+        self.completions.append(now)
+
+    def samples(self) -> dict[str, list[float]]:
+        """Every latency (ms) and completion time (s from the phase start), for plots."""
+        return {
+            "latency_ms": [round(x * 1000, 3) for x in self.latencies],
+            "done_s": [round(t - self.started, 4) for t in self.completions],
+        }
 
     def summary(self) -> dict[str, Any]:
         lat = sorted(self.latencies)
@@ -235,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--connections", type=int, default=64)
     parser.add_argument("--workers", type=int, default=1, help="API worker processes")
     parser.add_argument("--json", type=Path, help="write the report here")
+    parser.add_argument("--samples", action="store_true", help="--json also holds every latency")
     args = parser.parse_args(argv)
     try:
         import uvloop
@@ -278,6 +288,8 @@ def main(argv: list[str] | None = None) -> int:
     report = {"cores": os.cpu_count(), "api_workers": args.workers, "api": api.summary(),
               "raw_kafka": raw.summary()}  # fmt: skip
     print(json.dumps(report, indent=2))
+    if args.samples:
+        report["samples"] = {"api": api.samples(), "raw_kafka": raw.samples()}
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2))

@@ -19,6 +19,11 @@ Outputs per decision:
 Every id is deterministic (`herald.ids`): a replayed request yields the same records.
 A per-user template failure is a `Rejected` (the job dead-letters it); nothing else is emitted
 for that channel.
+
+Cross-channel fallback: a Delivery whose fallback steps name other channels carries their
+content too (`fallback_content`, rendered here because only the request holds the params), so
+dispatch can fall back without the request (herald.fallback). A step whose template fails is
+left out (dispatch then skips it as `not_rendered`).
 """
 
 from __future__ import annotations
@@ -254,6 +259,7 @@ def _delivery(
     delivery_id: str,
     rendered: Rendered,
     now: datetime,
+    fallback_content: list[dict[str, Any]],
 ) -> dict[str, Any]:
     return {
         "delivery_id": delivery_id,
@@ -279,6 +285,7 @@ def _delivery(
         "first_attempt_at": None,
         "fallback": list(send.fallback),
         "created_at": now,
+        "fallback_content": fallback_content,
     }
 
 
@@ -288,7 +295,8 @@ def _delivery_shape(request: PlanRequest, delivery: dict[str, Any]) -> tuple[Any
     d = delivery
     return (request.notification_id, d["channel"], d["locale"], d["template_version"],
             d["provider"], d["platform"], d["not_before"], d["expire_at"], tuple(d["fallback"]),
-            d["created_at"])  # fmt: skip
+            d["created_at"],
+            tuple((c["channel"], c["locale"]) for c in d["fallback_content"]))  # fmt: skip
 
 
 def _emitted(
@@ -298,6 +306,7 @@ def _emitted(
     rendered: Rendered,
     now: datetime,
     personal: bool,
+    fallback_content: list[dict[str, Any]],
 ) -> list[Output]:
     send = decision if isinstance(decision, Send) else decision.planned
     if isinstance(decision, Hold):
@@ -315,7 +324,9 @@ def _emitted(
     out: list[Output] = []
     for address in send.addresses:
         did = _delivery_id(request, view.user_id, send.channel, address)
-        delivery = _delivery(request, view.user_id, send, address, did, rendered, now)
+        delivery = _delivery(
+            request, view.user_id, send, address, did, rendered, now, fallback_content
+        )
         shape = None if personal else _delivery_shape(request, delivery)
         out.append(Output(topic, did, delivery, shape))
         event = event_record(
@@ -351,5 +362,29 @@ def user_records(
             did = ids.delivery_id(request.notification_id, view.user_id, send.channel)
             rejected.append(Rejected(view.user_id, did, exc.code, exc.detail))
             continue
-        out.extend(_emitted(request, view, decision, rendered, now, personal))
+        content = _fallback_content(renderer, request, view, send)
+        out.extend(_emitted(request, view, decision, rendered, now, personal, content))
     return out, rejected
+
+
+def _fallback_content(
+    renderer: Renderer, request: PlanRequest, view: UserView, send: Send
+) -> list[dict[str, Any]]:
+    """The `FallbackContent` records of the other channels `send.fallback` names."""
+    steps = dict.fromkeys(step.partition(":")[0] for step in send.fallback)
+    channels = [c for c in steps if c != send.channel]
+    if not channels:
+        return []
+    catalog = renderer.catalog
+    nt = catalog.get(request.notification_type)
+    requested = request.policy.locale or view.prefs.locale
+    out: list[dict[str, Any]] = []
+    for channel in channels:
+        try:
+            locale = catalog.resolve_locale(nt, channel, requested, request.template_version)
+            r = renderer.render(request, channel, locale, view.params)
+        except TemplateError:
+            continue
+        out.append({"channel": channel, "locale": r.locale, "template_version": r.version,
+                    "rendered": r.as_record()})  # fmt: skip
+    return out

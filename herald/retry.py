@@ -46,6 +46,7 @@ from herald.outcomes import (
 
 __all__ = [
     "RECIPIENT_REASONS",
+    "DEAD_ADDRESS_REASONS",
     "Action",
     "AttemptContext",
     "Done",
@@ -60,6 +61,7 @@ __all__ = [
     "UnknownPolicy",
     "decide",
     "decide_refused",
+    "is_dead_address",
 ]
 
 RECIPIENT_REASONS: frozenset[str] = frozenset(
@@ -81,6 +83,29 @@ filter, a bare http_400) and may fail over: an unknown reason costs at most one 
 on the alternate, never a duplicate (the first provider explicitly did not send)."""
 
 
+DEAD_ADDRESS_REASONS: frozenset[str] = frozenset({"21211", "21614"})
+"""`Permanent.reason`s that reject the address itself (Twilio: invalid To number, number not
+SMS-capable): like a dead device token, the address is disabled (`TokenCleanup`). Reasons that
+already come as `TokenDead` (Twilio 21610/30006, Vonage status 7, APNs 410...) need no entry.
+Vonage's status 3 ("invalid params") is not here: it does not say the number is at fault."""
+
+
+def is_dead_address(reason: str, policy: RetryPolicy) -> bool:
+    """Whether a permanent rejection disables the address (see DEAD_ADDRESS_REASONS).
+
+    SendGrid's 400 naming a recipient's address field (`personalizations.N.to.M.email`) is the
+    email equivalent: the address itself is invalid.
+    """
+    if reason in policy.dead_address_reasons:
+        return True
+    field = reason.partition(":")[2]
+    return (
+        reason.startswith("http_400:")
+        and field.startswith("personalizations.")
+        and (".to." in field and field.endswith(".email"))
+    )
+
+
 _SYSTEM_RNG: Rng = random.SystemRandom()
 
 
@@ -99,6 +124,7 @@ class RetryPolicy:
     backoff: BackoffPolicy = field(default_factory=BackoffPolicy)
     on_unknown: UnknownPolicy = UnknownPolicy.RECONCILE
     recipient_reasons: frozenset[str] = RECIPIENT_REASONS
+    dead_address_reasons: frozenset[str] = DEAD_ADDRESS_REASONS
     platform_pause_s: float = 60.0  # provider pause (breaker forced open) after a PlatformError
 
 
@@ -225,6 +251,8 @@ def decide(
     if isinstance(outcome, TokenDead):
         return TokenCleanup(outcome.reason)
     if isinstance(outcome, Permanent):
+        if is_dead_address(outcome.reason, policy):
+            return TokenCleanup(outcome.reason)
         return _on_permanent(outcome, ctx, policy)
     if isinstance(outcome, Unknown):
         return _on_unknown(outcome, ctx, policy, rng)

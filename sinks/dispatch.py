@@ -9,8 +9,8 @@ send guard, rate shaper, circuit breaker and contact store, and one idempotent K
 (sinks.kafka). `write_batch` runs the batch through `sinks.channels.engine.Dispatcher` (guard →
 re-checks → breaker → shaping → send → decide), then produces the delivery events, retry
 records and dead letters and **returns only after Kafka acknowledged all of them**, so Bytewax
-never commits an epoch whose outcomes are not durable; token cleanups are published (acked) and
-written to the API's Redis copy in the same call.
+never commits an epoch whose outcomes are not durable; token cleanups and dead addresses are
+published (acked) and written to the API's Redis copy in the same call.
 
 Why a DynamicSink (one partition per worker, no routing): the records a worker reads are sent by
 that worker, without an exchange between workers or processes; the price is one producer flush
@@ -148,6 +148,11 @@ class DispatchPartition(StatelessSinkPartition[Decoded]):
         for user_id, token in out.cleanups:
             result = self.contacts.remove_token(user_id, token, self._publish_devices, now)
             log.info("dispatch.token_cleanup result=%s", result)
+        for user_id, channel, address in out.disables:
+            result = self.contacts.disable_address(
+                user_id, channel, address, self._publish_devices, now
+            )
+            log.info("dispatch.address_disable channel=%s result=%s", channel, result)
 
     def _publish_devices(self, user_id: str, record: dict[str, Any]) -> None:
         """Produce the new contact points and wait for the ack (before the Redis copy)."""

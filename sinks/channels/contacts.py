@@ -14,6 +14,12 @@ points (the API's device routes hold the same lock).
   the lock, the user's record without the device that has this token (version + 1) is
   published on herald.devices (compacted; `publish` returns after Kafka's ack) and then written
   back as the copy, exactly as the API's DELETE /v1/devices does. Other devices stay.
+- `disable_address(user, channel, address, publish)`: the same for a dead phone number or email
+  address (Twilio 21211/21614, SendGrid invalid address): the phone (or email) is removed from
+  the record when it is still the one that was rejected, so later plans skip that channel
+  (`no_contact_point`) while the user's other channels are still served.
+- `reachability(user)`: (preferences, contact points record) for a cross-channel fallback's
+  policy re-check (herald.fallback), one pipelined round trip.
 """
 
 from __future__ import annotations
@@ -33,6 +39,8 @@ from herald.errors import HeraldError
 from herald.policy import Preferences
 
 __all__ = ["ContactStore", "CleanupResult"]
+
+_FIELDS = {"sms": ("phone", "e164"), "email": ("email", "address")}
 
 log = logging.getLogger(__name__)
 
@@ -91,10 +99,53 @@ class ContactStore:
             else:
                 d["address"] = (record.get("email") or {}).get("address")
 
+    def reachability(self, user_id: str) -> tuple[Preferences | None, dict[str, Any] | None]:
+        """(latest preferences, contact points record) of one user; None where no copy."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.get(keys.prefs(user_id))
+        pipe.get(keys.contact_points(user_id))
+        raw_prefs, raw_cp = pipe.execute()
+        try:
+            record = orjson.loads(raw_cp) if raw_cp else None
+        except orjson.JSONDecodeError:
+            record = None
+        return _prefs(user_id, raw_prefs), record
+
     def remove_token(
         self, user_id: str, token: str, publish: Publish, now: datetime
     ) -> CleanupResult:
         """Remove the device holding `token` from `user_id`'s contact points (see module doc)."""
+
+        def change(current: dict[str, Any]) -> dict[str, Any] | None:
+            device = next((d for d in current["devices"] if d.get("token") == token), None)
+            if device is None:
+                return None
+            log.info("dispatch.token_removed platform=%s", device.get("platform"))
+            return without_device(current, device["device_id"], now)
+
+        return self._update(user_id, change, publish)
+
+    def disable_address(
+        self, user_id: str, channel: str, address: str, publish: Publish, now: datetime
+    ) -> CleanupResult:
+        """Remove a dead phone (channel sms) or email address from the contact points."""
+        name, key = _FIELDS[channel]
+
+        def change(current: dict[str, Any]) -> dict[str, Any] | None:
+            if (current.get(name) or {}).get(key) != address:
+                return None  # changed since (a new number): nothing to disable
+            log.info("dispatch.address_disabled channel=%s", channel)
+            return {**current, name: None, "updated_at": now, "version": current["version"] + 1}
+
+        return self._update(user_id, change, publish)
+
+    def _update(
+        self,
+        user_id: str,
+        change: Callable[[dict[str, Any]], dict[str, Any] | None],
+        publish: Publish,
+    ) -> CleanupResult:
+        """Under the lock: read the copy, apply `change`, publish (acked), write the copy back."""
         lock = self.client.lock(
             keys.contact_points_lock(user_id), timeout=self.lock_timeout_s, blocking_timeout=5
         )
@@ -103,19 +154,15 @@ class ContactStore:
                 raw = self.client.get(keys.contact_points(user_id))
                 if raw is None:
                     return "no_copy"
-                current = orjson.loads(raw)
-                device = next((d for d in current["devices"] if d.get("token") == token), None)
-                if device is None:
+                changed = change(orjson.loads(raw))
+                if changed is None:
                     return "absent"
-                changed = without_device(current, device["device_id"], now)
                 record = {**changed, "updated_at": _ms(changed["updated_at"])}
                 publish(user_id, record)
                 self.client.set(keys.contact_points(user_id), orjson.dumps(record))
-                log.info("dispatch.token_removed platform=%s version=%d",
-                         device.get("platform"), record["version"])  # fmt: skip
                 return "removed"
         except LockError:
-            log.warning("dispatch.token_cleanup_busy")
+            log.warning("dispatch.contact_update_busy")
             return "busy"
 
 

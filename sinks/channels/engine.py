@@ -17,6 +17,10 @@ Stages (herald.dispatching holds the pure rules, herald.retry the decisions):
 5. guards: SENT for accepted (transactional; one pipelined round trip), released where the
    provider certainly did not send, UNKNOWN where it may have.
 
+A delivery that ends on its channel (FAILED_PERMANENT, dead address, or no usable provider)
+falls back to the next channel of its fallback steps (sinks/channels/fallback.py,
+herald.fallback); a dead phone/email is disabled like a dead push token.
+
 `hook(stage, items)` is called after stage 3 ("guarded": guards held, nothing sent), after the
 rounds ("sent": provider calls done, guards not marked) and after stage 5 ("marked"); the sink
 adds nothing there — tests use it to crash a job at exactly those points.
@@ -48,9 +52,18 @@ from herald.dispatching import (
 from herald.guard import AlreadySent, GuardClass, InFlight, Proceed, SendGuard
 from herald.metrics import JobMetrics
 from herald.outcomes import Accepted, Outcome
-from herald.retry import Action, AttemptContext, Done, RetryPolicy, decide, decide_refused
+from herald.retry import (
+    Action,
+    AttemptContext,
+    Done,
+    PausePlatform,
+    RetryPolicy,
+    decide,
+    decide_refused,
+)
 from herald.states import State
 from sinks.channels.contacts import ContactStore
+from sinks.channels.fallback import FallbackRouter, ends, unusable
 from sinks.channels.sending import ShapedSender
 from sinks.channels.settings import DispatchSettings
 from sinks.channels.work import DeadLetterOut, Item, Outputs
@@ -89,6 +102,7 @@ class Dispatcher:
         self.clock = clock
         self.metrics = metrics or JobMetrics("dispatch")
         self.hook = hook
+        self.fallbacks = FallbackRouter(catalog, contacts)
         self._policies: dict[tuple[str, str], tuple[RetryPolicy, bool]] = {}
         self._rng = random.Random()
 
@@ -257,16 +271,26 @@ class Dispatcher:
         self, it: Item, action: Action, outcome: Outcome | None, now: datetime, out: Outputs
     ) -> bool:
         """Carry out the effects of `action`; True when the item fails over (send again)."""
+        why = unusable(action)
+        if why is not None and self._fell_back(it, action, why, outcome, now, out):
+            return False
         fx = effects(action, it.delivery, outcome, provider=it.provider, attempt=it.attempt,
                      now=now, first_attempt_at=it.first_attempt_at)  # fmt: skip
         out.events.extend(fx.events)
+        if ends(action) and fx.events:
+            fb = self.fallbacks.route(it.delivery, getattr(action, "reason", ""), now)
+            fx.events[-1]["attributes"].update(fb.source_attributes)
+            self.fallbacks.emit(fb, out)
         if fx.pause is not None:
             provider, reason, pause_s = fx.pause
             log.error("dispatch.provider_paused provider=%s reason=%s pause_s=%.0f",
                       provider, reason, pause_s)  # fmt: skip
             self.breaker.trip(provider, reason, pause_s)
-        if fx.cleanup_token and it.delivery["channel"] == "push" and it.delivery.get("address"):
-            out.cleanups.append((it.delivery["user_id"], it.delivery["address"]))
+        address, channel = it.delivery.get("address"), it.delivery["channel"]
+        if fx.cleanup_token and address and channel == "push":
+            out.cleanups.append((it.delivery["user_id"], address))
+        elif fx.cleanup_token and address and channel in ("sms", "email"):
+            out.disables.append((it.delivery["user_id"], channel, address))
         if fx.dead_letter is not None and fx.retry is not None:
             out.dead_letters.append(DeadLetterOut(it.message, fx.retry, fx.dead_letter))
         elif fx.retry is not None:
@@ -278,6 +302,25 @@ class Dispatcher:
         if fx.guard == "sent" and outcome is not None and isinstance(outcome, Accepted):
             it.sent_marker = sent_marker(it.provider, it.attempt, outcome.provider_msg_id)
         return False
+
+    def _fell_back(
+        self, it: Item, action: Action, why: str, outcome: Outcome | None, now: datetime,
+        out: Outputs,
+    ) -> bool:  # fmt: skip
+        """No provider of the channel is usable: end it here if another channel takes over."""
+        cause = f"no_usable_provider:{why}"
+        fb = self.fallbacks.route(it.delivery, cause, now)
+        if fb.to is None:
+            return False  # keep waiting for a provider of this channel
+        if isinstance(action, PausePlatform):
+            self.breaker.trip(action.provider, action.reason, action.pause_s)
+        made = it.attempt if outcome is not None else it.attempt - 1
+        out.events.append(event(it.delivery, State.FAILED_PERMANENT, attempt=made, now=now,
+                                provider=it.provider, reason=cause,
+                                attributes=fb.source_attributes))  # fmt: skip
+        self.fallbacks.emit(fb, out)
+        it.guard_op = "release"
+        return True
 
     def _failover(self, it: Item, to: str, *, counted: bool) -> None:
         it.rejected_by.add(it.provider)

@@ -5,7 +5,8 @@
     dead letters      herald.dead-letters           key source topic; value = the delivery as
                                                     it stood (Avro Delivery), replayable by
                                                     herald.dlq with its delivery_id, expire_at
-    device changes    herald.devices                key user_id (token cleanup)
+    device changes    herald.devices                key user_id (token cleanup, dead address)
+    fallbacks         herald.deliveries.{channel}.{class}   key delivery_id (herald.fallback)
 
 Records are built by trusted code, so serializers skip the per-record schema check; one that
 fastavro still refuses (a bug) becomes an `encode_failed` dead letter, never a lost record.
@@ -66,10 +67,13 @@ class RecordEncoder:
         return found
 
     def encode(self, out: Outputs) -> list[KafkaRecord]:
-        """Every record of `out`: events, retries, dead letters."""
+        """Every record of `out`: events, retries, fallback deliveries, dead letters."""
         records: list[KafkaRecord] = []
         for ev in out.events:
             records.append(self._one(EVENTS_TOPIC, ev["delivery_id"], ev))
+        for rec in out.deliveries:
+            topic = deliveries_topic(rec["channel"], rec["traffic_class"])
+            records.append(self._one(topic, rec["delivery_id"], rec))
         for rec in out.retries:
             records.append(self._one(retry_topic(rec["traffic_class"]), rec["delivery_id"], rec))
         for letter in out.dead_letters:

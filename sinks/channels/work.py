@@ -2,7 +2,8 @@
 
 `Item` is created per delivery read (or per redelivered record) and mutated as the batch goes
 through its stages; `Outputs` collects what the sink must write: delivery events, records for
-the retry topic, dead letters and device-token cleanups. Plain data, no I/O.
+the retry topic, dead letters, device-token cleanups and dead addresses to disable, and the
+deliveries of a cross-channel fallback (herald.fallback). Plain data, no I/O.
 """
 
 from __future__ import annotations
@@ -70,6 +71,8 @@ class Outputs:
     retries: list[dict[str, Any]] = field(default_factory=list)
     dead_letters: list[DeadLetterOut] = field(default_factory=list)
     cleanups: list[tuple[str, str]] = field(default_factory=list)  # (user_id, token)
+    disables: list[tuple[str, str, str]] = field(default_factory=list)  # (user, channel, address)
+    deliveries: list[dict[str, Any]] = field(default_factory=list)  # fallback deliveries
 
     def extend(self, other: Outputs) -> None:
         """Append everything `other` collected."""
@@ -77,3 +80,5 @@ class Outputs:
         self.retries.extend(other.retries)
         self.dead_letters.extend(other.dead_letters)
         self.cleanups.extend(other.cleanups)
+        self.disables.extend(other.disables)
+        self.deliveries.extend(other.deliveries)

@@ -65,11 +65,23 @@ def test_token_dead_cleans_that_token_and_fails_permanently() -> None:
     assert action == TokenCleanup("unregistered") and action.state == "FAILED_PERMANENT"
 
 
-@pytest.mark.parametrize("reason", ["invalid_number", "21211", "21614", "status_3", "status_12"])
+@pytest.mark.parametrize("reason", ["invalid_number", "status_3", "status_12"])
 def test_permanent_for_the_recipient_never_fails_over(reason: str) -> None:
     action = run(Permanent(provider="sms_a", reason=reason, status_code=400))
     assert action == FailPermanent(reason)
     assert not action.dead_letter
+
+
+@pytest.mark.parametrize("reason", ["21211", "21614", "http_400:personalizations.0.to.0.email"])
+def test_a_rejected_address_is_disabled_and_never_fails_over(reason: str) -> None:
+    action = run(Permanent(provider="sms_a", reason=reason, status_code=400))
+    assert action == TokenCleanup(reason) and action.state == "FAILED_PERMANENT"
+
+
+@pytest.mark.parametrize("reason", ["http_400:from.email", "http_400:subject", "http_400"])
+def test_other_email_rejections_keep_the_address(reason: str) -> None:
+    action = run(Permanent(provider="email", reason=reason, status_code=400), alternates=())
+    assert action == FailPermanent(reason)
 
 
 @pytest.mark.parametrize("reason", ["21408", "status_15", "sender_blocked"])

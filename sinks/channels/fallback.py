@@ -1,0 +1,75 @@
+"""The dispatch side of a cross-channel fallback: when to fall back, and its I/O.
+
+herald.fallback decides (pure); `FallbackRouter` reads what the decision needs (the API's Redis
+copies of the user's preferences and contact points, one round trip, only on this rare path)
+and puts the result into the batch's `Outputs`: new deliveries on their channel's deliveries
+topic, held ones on the retry topic, their PLANNED/SCHEDULED events, and notes on the source's
+terminal event.
+
+When (`unusable`, `ends`): a delivery ends FAILED_PERMANENT or with a dead address, or no
+provider of its channel is usable (breaker refused and no same-channel alternate left, or the
+provider paused for an auth/config failure). Never after UNKNOWN (the user may have it).
+A push delivery is one device: it falls back only when the user has no other valid device
+(another device was, or will be, served by its own delivery).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from herald.catalog import Catalog
+from herald.fallback import Fallback, fall_back, has_cross_channel_step
+from herald.retry import Action, FailPermanent, PausePlatform, Retry, TokenCleanup
+from sinks.channels.contacts import ContactStore
+from sinks.channels.work import Outputs
+
+__all__ = ["FallbackRouter", "ends", "unusable"]
+
+
+def unusable(action: Action) -> str | None:
+    """Why no provider of the channel can take the delivery now (None: one can, or will)."""
+    if isinstance(action, Retry) and not action.counts_as_attempt:
+        return "breaker_open" if action.reason == "breaker_open" else None
+    if isinstance(action, PausePlatform) and action.failover_to is None:
+        return f"platform:{action.reason}"
+    return None
+
+
+def ends(action: Action) -> bool:
+    """Whether `action` ends the delivery on its channel for good (a fallback may follow)."""
+    return isinstance(action, FailPermanent | TokenCleanup)
+
+
+class FallbackRouter:
+    """Runs herald.fallback for one delivery with the user's current copies."""
+
+    def __init__(self, catalog: Catalog, contacts: ContactStore) -> None:
+        self.catalog = catalog
+        self.contacts = contacts
+
+    def route(self, delivery: dict[str, Any], cause: str, now: datetime) -> Fallback:
+        """The fallback of `delivery` (empty when none is configured or none is usable)."""
+        if not has_cross_channel_step(delivery):
+            return Fallback()
+        prefs, record = self.contacts.reachability(delivery["user_id"])
+        if delivery["channel"] == "push" and _other_device(record, delivery.get("address")):
+            return Fallback(skipped=[("*", "other_devices")])
+        return fall_back(
+            delivery, cause, nt=self.catalog.types.get(delivery["notification_type"]),
+            prefs=prefs, contacts=record, now=now,
+            quiet_channels=frozenset(self.catalog.quiet_hours_channels),
+            default_timezone=self.catalog.default_timezone,
+        )  # fmt: skip
+
+    @staticmethod
+    def emit(fb: Fallback, out: Outputs) -> None:
+        """Put a fallback's records into the batch outputs."""
+        out.deliveries.extend(fb.deliveries)
+        out.retries.extend(fb.held)
+        out.events.extend(fb.events)
+
+
+def _other_device(record: dict[str, Any] | None, token: str | None) -> bool:
+    devices = (record or {}).get("devices") or ()
+    return any(d.get("valid", True) and d.get("token") != token for d in devices)

@@ -1,7 +1,9 @@
 """The plan job's batch steps: admission, then the policy with caps and rendering.
 
     Admission(...)(decoded)   requests -> PlanRequest | dead letter | None (a duplicate)
-    Planner(...)(batch)       (shard, Planned) items -> Output | dead letter, one Redis trip a batch
+    Planner(...)(batch)       (shard, Planned) items -> Output | dead letter: one Redis trip a
+                              batch for the API's copies of the users' state (read-your-writes,
+                              dataflows/_copies.py), one for the frequency caps
 
 They are callables over whole batches (`flat_map_batch`), so the per-item cost of the dataflow is
 paid once per batch for Redis round trips and clock reads. Redis clients are created on first use
@@ -15,6 +17,7 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
+from dataflows._copies import ApiCopies
 from dataflows._redis import CapCharge, CapCounter, RequestGate, redis_client
 from dataflows._settings import Clock
 from herald.catalog import Catalog, CatalogLookupError
@@ -90,9 +93,13 @@ class Planner:
         self.clock = clock
         self.renderer = Renderer(catalog)
         self._caps: CapCounter | None = None
+        self._copies: ApiCopies | None = None
 
     def __call__(self, batch: list[tuple[str, Planned]]) -> list[Output | DeadLetter]:
         """Outputs of every user of every item of the batch."""
+        if self._copies is None:
+            self._copies = ApiCopies(redis_client(self.settings.redis))
+        batch = self._copies.fresh(batch)
         now = self.clock.now()
         out: list[Output | DeadLetter] = []
         plans: list[tuple[PlanRequest, Any, list[Decision]]] = []

@@ -27,7 +27,10 @@ Where state lives and why it is safe to replay (every output is at-least-once):
   (dataflows/_redis.py); a replayed request yields the same delivery_ids and event_ids, which
   the dispatch send guard and the ClickHouse table deduplicate.
 A preference change applies to every user planned after it; deliveries already planned or held
-are re-checked by dispatch just before sending.
+are re-checked by dispatch just before sending. Read-your-writes: a request accepted after the
+API answered a contact-point or preferences write is planned with it, although the changelog
+may not have reached the table yet: the planner reads the API's Redis copies of the batch's
+users (one MGET a batch) and takes the newer version (dataflows/_copies.py).
 """
 
 from __future__ import annotations

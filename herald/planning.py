@@ -9,8 +9,11 @@ The plan job (dataflows/plan.py) moves these objects between its steps:
 
 `UserTable` holds the latest `Preferences` and `ContactPoints` per user, fed by the compacted
 herald.preferences / herald.devices changelogs: a record replaces the held one unless its
-`version` is lower; a tombstone (null value) deletes it. Users are spread over `shards` keys by
-`shard_of` (crc32, identical in every process), so one Bytewax key holds the table of many users.
+`version` is lower; a tombstone (null value) deletes it, and the deleted version is kept as a
+floor: the user joins as defaults at that version, so an older copy of the state held
+elsewhere (the API's Redis copy, dataflows/_copies.py) is not taken for a newer one. Users are
+spread over `shards` keys by `shard_of` (crc32, identical in every process), so one Bytewax key
+holds the table of many users.
 
 Bad requests raise `InvalidRequest` or a `CatalogLookupError` (both carry a machine-readable
 `code`); the job dead-letters them before any fan-out.
@@ -206,17 +209,23 @@ class UserTable:
 
     prefs: dict[str, Preferences] = field(default_factory=dict)
     contacts: dict[str, ContactPoints] = field(default_factory=dict)
+    # (kind, user_id) -> version of the record a tombstone deleted
+    deleted: dict[tuple[str, str], int] = field(default_factory=dict)
 
     def apply(self, update: TableUpdate) -> bool:
         """Apply a changelog record; False when it is older than what is held (ignored)."""
         table: dict[str, Any] = self.prefs if update.kind == "preferences" else self.contacts
         if update.value is None:
-            table.pop(update.user_id, None)
+            gone = table.pop(update.user_id, None)
+            if gone is not None:
+                self.deleted[(update.kind, update.user_id)] = gone.version
             return True
         held = table.get(update.user_id)
         if held is not None and update.value.version < held.version:
             return False
         table[update.user_id] = update.value
+        if self.deleted:
+            self.deleted.pop((update.kind, update.user_id), None)
         return True
 
     def join(self, tasks: UserTasks) -> Planned:
@@ -226,9 +235,15 @@ class UserTable:
             UserView(
                 user_id,
                 params,
-                prefs.get(user_id) or Preferences(user_id),
-                contacts.get(user_id) or ContactPoints(user_id),
+                prefs.get(user_id) or self._default_prefs(user_id),
+                contacts.get(user_id) or self._default_contacts(user_id),
             )
             for user_id, params in tasks.users
         )
         return Planned(tasks.request, tasks.batch_no, views)
+
+    def _default_prefs(self, user_id: str) -> Preferences:
+        return Preferences(user_id, version=self.deleted.get(("preferences", user_id), 0))
+
+    def _default_contacts(self, user_id: str) -> ContactPoints:
+        return ContactPoints(user_id, version=self.deleted.get(("contacts", user_id), 0))

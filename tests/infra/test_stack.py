@@ -39,10 +39,6 @@ def otp_travels_the_whole_pipeline(api: str) -> None:
     with httpx.Client(base_url=api, headers=DEV_KEY, timeout=10) as client:
         contact = {"phone": {"e164": "+14155550123", "verified": True}}
         assert client.put("/v1/users/e2e-user/contact-points", json=contact).status_code == 200
-        # Known race (open in the planning issue): the plan job learns contact points from the
-        # herald.devices changelog, a different topic than the request; a request planned
-        # before the changelog record is read is suppressed with no_contact_point.
-        time.sleep(5)
         body = {
             "request_id": "e2e-otp-1",
             "notification_type": "otp_login",

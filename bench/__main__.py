@@ -19,6 +19,7 @@ import importlib
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -57,16 +58,24 @@ def run_child(name: str, quick: bool, out: Path, timeout: float) -> dict[str, An
     result_path.unlink(missing_ok=True)
     argv = [sys.executable, "-m", "bench", "--one", name, "--result", str(result_path)]
     started = time.monotonic()
+    proc = subprocess.Popen(
+        [*argv, *(["--quick"] if quick else [])],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
+        start_new_session=True,
+    )  # fmt: skip
     try:
-        proc = subprocess.run(
-            [*argv, *(["--quick"] if quick else [])],
-            capture_output=True, text=True, timeout=timeout, cwd=REPO,
-            start_new_session=True,
-        )  # fmt: skip
-        code, output = proc.returncode, proc.stdout + proc.stderr
-    except subprocess.TimeoutExpired as exc:
-        text = exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
-        code, output = 124, text + f"\n(timed out after {timeout:.0f}s)"
+        output, _ = proc.communicate(timeout=timeout)
+        code = proc.returncode
+    except subprocess.TimeoutExpired:
+        # SIGTERM first: the child turns it into SystemExit, so its `finally` blocks stop the
+        # stacks it started (`herald down`); only then the whole process group goes.
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            output, _ = proc.communicate(timeout=150)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            output, _ = proc.communicate()
+        code, output = 124, (output or "") + f"\n(timed out after {timeout:.0f}s)"
     seconds = time.monotonic() - started
     (out / f"{name}.txt").write_text(output)
     run: dict[str, Any] = {"seconds": seconds, "result": None, "error": "", "pngs": []}
@@ -91,6 +100,11 @@ def draw(name: str, run: dict[str, Any], out: Path) -> None:
             run["result"]["notes"].append(f"plot {plot.get('name')} failed: {exc!r}")
 
 
+def _write(out: Path, runs: dict[str, dict[str, Any]], quick: bool, started: datetime) -> None:
+    text = render(runs, quick=quick, started=started, cores=os.cpu_count())
+    (out / "REPORT.md").write_text(text)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the scenarios and write the report; exit 1 if any scenario failed."""
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
@@ -101,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.one:
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run `finally` (stack stops)
         res = call(SCENARIOS[args.one][0], args.quick)
         args.result.write_text(json.dumps(res, default=str))
         return 0
@@ -125,8 +140,8 @@ def main(argv: list[str] | None = None) -> int:
         runs[name] = run = run_child(name, args.quick, out, timeout * (0.5 if args.quick else 1))
         draw(name, run, out)
         print(f"   {run['status']} in {run['seconds']:.0f}s", flush=True)
-        report = out / "REPORT.md"  # rewritten after each scenario: a partial run still reports
-        report.write_text(render(runs, quick=args.quick, started=started, cores=os.cpu_count()))
+        _write(out, runs, args.quick, started)  # after each scenario: a partial run reports
+    _write(out, runs, args.quick, started)
     print(f"report: {out / 'REPORT.md'}")
     return 0 if all(r["status"] == "ok" or "not run" in r["status"] for r in runs.values()) else 1
 

@@ -1,0 +1,206 @@
+"""The full stack for end-to-end benchmarks: `herald up --detach`, load, read what happened.
+
+    with full_stack(run_dir, env={"HERALD_DISPATCH_RATES": ...}) as stack:
+        stack.produce_contact_points(users)          # straight into herald.devices (changelog)
+        stack.put_phone("otp-0", "+14155550100")     # through the API, as a product would
+        nid, sent_at = stack.post({...})             # POST /v1/notifications, time of the send
+        events = stack.delivery_events()             # every herald.delivery-events record
+
+The stack is started exactly as an operator starts it (24 components, every job its own
+process), with `env` added to the environment every component inherits, and stopped with
+`herald down` whatever happens. Contact points of thousands of campaign users are produced
+directly to the compacted herald.devices topic (the changelog the plan job learns from):
+putting 40k users through the API would measure the API, not the campaign.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from herald.config import HeraldSettings, KafkaSettings, RegistrySettings
+
+__all__ = ["CpuSampler", "FullStack", "full_stack"]
+
+REPO = Path(__file__).resolve().parents[1]
+DEV_KEY = "hk_dev_local_do_not_use_in_production"  # the embedded stack's public dev key
+
+
+def _herald(*args: str, run_dir: Path, env: dict[str, str], timeout: float) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "herald.cli", *args, "--run-dir", str(run_dir)],
+        capture_output=True, text=True, timeout=timeout, cwd=REPO, env={**os.environ, **env},
+    )  # fmt: skip
+    if proc.returncode != 0:
+        raise RuntimeError(f"herald {' '.join(args)} failed: {proc.stdout}{proc.stderr}"[-3000:])
+
+
+@contextmanager
+def full_stack(run_dir: Path, env: dict[str, str] | None = None) -> Iterator[FullStack]:
+    """`herald up --detach` in `run_dir` with `env`; `herald down` on exit."""
+    extra = {"HERALD_LOG_LEVEL": "WARNING", **(env or {})}
+    try:
+        _herald("up", "--detach", run_dir=run_dir, env=extra, timeout=300)
+        stack = FullStack(run_dir)
+        try:
+            yield stack
+        finally:
+            stack.close()
+    finally:
+        _herald("down", run_dir=run_dir, env=extra, timeout=120)
+
+
+class FullStack:
+    """Clients for a running stack: its API (dev key), Kafka topics, registry."""
+
+    def __init__(self, run_dir: Path) -> None:
+        from infra.stack import read_state
+
+        state = read_state(run_dir)
+        if not state or not state.get("ready"):
+            raise RuntimeError(f"no ready stack in {run_dir}")
+        self.state = state
+        env = state["env"]
+        self.settings = HeraldSettings(
+            kafka=KafkaSettings(bootstrap_servers=env["HERALD_KAFKA_BOOTSTRAP_SERVERS"]),
+            registry=RegistrySettings(path=Path(env["HERALD_REGISTRY_PATH"])),
+        )
+        self.api = httpx.Client(
+            base_url=state["urls"]["api"], headers={"X-API-Key": DEV_KEY}, timeout=30
+        )
+        self.sims = {
+            name.removeprefix("sim-"): c["address"]
+            for name, c in state["components"].items()
+            if name.startswith("sim-")
+        }
+
+    def close(self) -> None:
+        self.api.close()
+
+    def put_phone(self, user_id: str, phone: str) -> None:
+        """A verified phone for `user_id` through the API (Redis copy + changelog)."""
+        resp = self.api.put(
+            f"/v1/users/{user_id}/contact-points", json={"phone": {"e164": phone, "verified": True}}
+        )
+        resp.raise_for_status()
+
+    def post(self, body: dict[str, Any]) -> tuple[str, float]:
+        """POST /v1/notifications; (notification_id, epoch seconds when the request was sent)."""
+        sent = time.time()
+        resp = self.api.post("/v1/notifications", json=body)
+        if resp.status_code != 202:
+            raise RuntimeError(f"POST /v1/notifications: {resp.status_code} {resp.text[:500]}")
+        return str(resp.json()["notification_id"]), sent
+
+    def produce_contact_points(self, users: Iterable[str]) -> int:
+        """An FCM device and a verified email for each user, into herald.devices."""
+        from bench._harness import produce_all
+        from schemas.registry import make_registry
+        from sinks.kafka import topic_serializer
+
+        topic = "herald.devices"
+        encode = topic_serializer(self.settings.kafka, make_registry(self.settings.registry), topic)
+        now = datetime.now(UTC)
+
+        def records() -> Iterator[tuple[bytes, bytes]]:
+            for user in users:
+                device = {"device_id": f"d-{user}", "platform": "fcm", "token": f"tok-{user}",
+                          "registered_at": now, "valid": True}  # fmt: skip
+                record = {"user_id": user, "devices": [device], "phone": None,
+                          "email": {"address": f"{user}@example.test", "verified": True},
+                          "updated_at": now, "version": 1}  # fmt: skip
+                yield user.encode(), encode(record)
+
+        return produce_all(self.settings, topic, records())
+
+    def sim_stats(self, name: str) -> dict[str, Any]:
+        """A provider simulator's counters (no ids)."""
+        resp = httpx.get(f"{self.sims[name]}/_admin/stats", params={"ids": "0"}, verify=False)
+        resp.raise_for_status()
+        stats: dict[str, Any] = resp.json()
+        return stats
+
+    def configure_sim(self, name: str, patch: dict[str, Any]) -> None:
+        """Patch a simulator's fault config (e.g. its own rate limit)."""
+        resp = httpx.post(f"{self.sims[name]}/_admin/config", json=patch, verify=False)
+        resp.raise_for_status()
+
+    def delivery_events(self, fields: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+        """Every herald.delivery-events record so far (decoded; only `fields` if given)."""
+        from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+
+        from schemas.registry import make_registry
+        from schemas.serde import AvroDeserializer
+
+        decode = AvroDeserializer(make_registry(self.settings.registry))
+        kafka = self.settings.kafka
+        topic = kafka.topic("herald.delivery-events")
+        consumer = Consumer({**kafka.client_config(), "group.id": "bench",
+                             "enable.partition.eof": True})  # fmt: skip
+        parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
+        out: list[dict[str, Any]] = []
+        ended: set[int] = set()
+        try:
+            while len(ended) < len(parts):
+                for msg in consumer.consume(5000, 1.0):
+                    err = msg.error()
+                    if err is None:
+                        ev = decode(msg.value())
+                        out.append({k: ev[k] for k in fields} if fields else ev)
+                    elif err.code() == KafkaError._PARTITION_EOF:
+                        ended.add(msg.partition() or 0)
+        finally:
+            consumer.close()
+        return out
+
+
+class CpuSampler:
+    """Machine-wide CPU busy fraction per `interval` s (from /proc/stat), in a daemon thread.
+
+    Shows whether a phase really saturated the machine (a "busy" phase at 40 % CPU would be
+    no test of isolation).
+    """
+
+    def __init__(self, interval: float = 1.0) -> None:
+        self.interval = interval
+        self.samples: list[tuple[float, float]] = []  # (epoch s, busy fraction)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    @staticmethod
+    def _read() -> tuple[int, int]:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        idle = fields[3] + fields[4]  # idle + iowait
+        return sum(fields) - idle, sum(fields)
+
+    def _run(self) -> None:
+        busy0, total0 = self._read()
+        while not self._stop.wait(self.interval):
+            busy1, total1 = self._read()
+            if total1 > total0:
+                self.samples.append((time.time(), (busy1 - busy0) / (total1 - total0)))
+            busy0, total0 = busy1, total1
+
+    def __enter__(self) -> CpuSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def mean(self, start: float, end: float) -> float | None:
+        """Mean busy fraction of the samples taken within [start, end]."""
+        vals = [b for t, b in self.samples if start <= t <= end]
+        return sum(vals) / len(vals) if vals else None

@@ -1,0 +1,103 @@
+"""The full stack of the end-to-end tests: how it is started (`herald up` with `E2E_ENV`),
+what a test gets (`E2EStack`), and how nothing is left running (see conftest.py)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from herald.stackclient import StackClient
+from infra.process import pid_alive
+from infra.stack import read_state
+
+REPO = Path(__file__).resolve().parents[2]
+
+FCM_RATE = 800.0
+E2E_ENV = {
+    "HERALD_PLANNING_SCHEDULE_JITTER_SECONDS": "2",
+    "HERALD_DISPATCH_CALL_TIMEOUT_S": "3",
+    "HERALD_DISPATCH_BACKOFF": json.dumps(
+        {
+            "transactional": {"base_s": 0.5, "cap_s": 4.0, "max_attempts": 4, "max_total_s": 600},
+            "normal": {"base_s": 1.0, "cap_s": 10.0, "max_attempts": 8, "max_total_s": 3600},
+            "bulk": {"base_s": 5.0, "cap_s": 60.0, "max_attempts": 8, "max_total_s": 3600},
+        }
+    ),
+    "HERALD_DISPATCH_RATES": json.dumps(
+        {
+            "apns": {"rate": 50_000, "reserved": 10_000},
+            "fcm": {"rate": FCM_RATE, "reserved": 200},
+            "sms_a": {"rate": 10_000, "reserved": 3_000},
+            "sms_b": {"rate": 2_000, "reserved": 600},
+            "email": {"rate": 1_000, "reserved": 200},
+        }
+    ),
+    "HERALD_DISPATCH_BREAKER": json.dumps({"min_volume": 100_000}),
+}
+
+
+def herald_cli(
+    *args: str, run_dir: Path, timeout: float = 300, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`herald ARGS --run-dir RUN_DIR` as a subprocess (what a user types)."""
+    return subprocess.run(
+        [sys.executable, "-m", "herald.cli", *args, "--run-dir", str(run_dir)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+        env={**os.environ, **(env or {})},
+    )
+
+
+@dataclass
+class E2EStack:
+    """A running full stack: where it lives and a client on it."""
+
+    run_dir: Path
+    client: StackClient
+
+    def cli(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        """Run a `herald` command against this stack."""
+        return herald_cli(*args, run_dir=self.run_dir, timeout=timeout)
+
+
+def stack_pids(run_dir: Path) -> list[int]:
+    state = read_state(run_dir) or {}
+    pids = [int(c["pid"]) for c in state.get("components", {}).values() if c.get("pid")]
+    if state.get("supervisor_pid"):
+        pids.append(int(state["supervisor_pid"]))
+    return pids
+
+
+def kill_leftovers(pids: list[int]) -> None:
+    """SIGKILL the process groups of pids still alive (each component leads its own group)."""
+    for pid in pids:
+        if pid_alive(pid):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def start_stack(run_dir: Path) -> None:
+    """`herald up --detach`, once more on failure (a free port taken by another process
+    between allocation and bind is the known way a start fails on a shared machine)."""
+    for attempt in (1, 2):
+        up = herald_cli("up", "--detach", run_dir=run_dir, env=E2E_ENV)
+        if up.returncode == 0:
+            return
+        log = run_dir / "logs" / "supervisor.log"
+        tail = log.read_text(errors="replace")[-3000:] if log.exists() else ""
+        herald_cli("down", run_dir=run_dir, timeout=120)
+        kill_leftovers(stack_pids(run_dir))
+        if attempt == 2:
+            pytest.fail(f"herald up failed twice: {up.stdout}\n{up.stderr}\n{tail}")

@@ -1,0 +1,70 @@
+"""The full embedded stack, started once for the end-to-end tests with `herald up --detach`.
+
+`e2e` yields an `E2EStack`: the run directory and a `StackClient` (herald/stackclient.py) on
+the running stack. The stack is started as a user would (the CLI, in its own run directory,
+24 processes) and stopped with `herald down`; whatever is still alive afterwards (a process the
+supervisor restarted late, a failed start) is killed by pid from state.json, so nothing
+outlives the session even when a test or the start itself fails.
+
+The stack gets a few knobs through the environment (`E2E_ENV`), each to make a scenario
+observable within seconds instead of minutes; none changes what is being checked:
+
+- schedule jitter 2 s (default 120 s): a held delivery is released within seconds of send_at;
+- provider call timeout 3 s (default 10 s): an accepted-then-silent provider call becomes
+  UNKNOWN quickly;
+- transactional backoff base 0.5 s, cap 4 s, 4 attempts: a retry wave and a dead letter within
+  seconds (full jitter and Retry-After as a floor are unchanged);
+- the FCM budget 800/s: the bulk flood is shaped to a rate the test can check at the simulator;
+- circuit breakers need 100k calls in their window: injected error rates test retries and
+  spread, not the breaker (tested in tests/sinks).
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from herald.stackclient import StackClient
+from infra.process import pid_alive
+from tests.e2e._helpers import UserPool
+from tests.e2e._stack import E2EStack, herald_cli, kill_leftovers, stack_pids, start_stack
+
+POOL_SIZE = 160
+
+
+@pytest.fixture(scope="session")
+def e2e() -> Iterator[E2EStack]:
+    """The full stack for the session; stopped (and every process gone) at the end.
+
+    Its run directory is made with tempfile, not pytest's tmp_path_factory: other pytest
+    sessions on this machine prune pytest's numbered temp directories while this one runs."""
+    run_dir = Path(tempfile.mkdtemp(prefix="herald-e2e-"))
+    seen: set[int] = set()
+    try:
+        start_stack(run_dir)
+        client = StackClient.from_run_dir(run_dir)
+        try:
+            yield E2EStack(run_dir, client)
+        finally:
+            seen.update(stack_pids(run_dir))
+            client.close()
+    finally:
+        seen.update(stack_pids(run_dir))
+        down = herald_cli("down", run_dir=run_dir, timeout=180)
+        deadline = time.monotonic() + 10
+        while any(pid_alive(p) for p in seen) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        kill_leftovers(list(seen))
+        assert down.returncode == 0, down.stdout + down.stderr
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def pool(e2e: E2EStack) -> UserPool:
+    """Users with a verified phone and email, known to the plan jobs (see UserPool)."""
+    return UserPool(e2e.client, POOL_SIZE)

@@ -28,6 +28,38 @@ def _load_config(value: str | None) -> dict[str, Any]:
     return data
 
 
+IDENTITY_FILE = "identity.json"
+
+
+def _identity(state_dir: Path, port: int) -> dict[str, Any]:
+    """Generated credentials of an earlier run of this simulator on the same port, or {}.
+
+    A provider keeps its keys and secrets when it restarts: the supervisor restarts a killed
+    simulator on the same port, and clients started before (dispatch jobs) still hold the
+    credentials it generated the first time. A new stack (new ports) generates new ones.
+    """
+    try:
+        saved = orjson.loads((state_dir / IDENTITY_FILE).read_bytes())
+        orjson.loads((state_dir / "credentials.json").read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return {}
+    if not isinstance(saved, dict) or saved.get("port") != port:
+        return {}
+    generated = saved.get("generated")
+    return dict(generated) if isinstance(generated, dict) else {}
+
+
+def _save_identity(
+    state_dir: Path, port: int, previous: dict[str, Any], given: dict[str, Any], sim: Any
+) -> None:
+    """Keep the config fields the simulator generated (secrets, keys) for a restart."""
+    asked = type(sim.config).model_validate(given).model_dump(mode="json")
+    effective = sim.config.model_dump(mode="json")
+    generated = {k: v for k, v in effective.items() if k not in given and asked.get(k) != v}
+    doc = {"port": port, "generated": {**previous, **generated}}
+    write_private(state_dir / IDENTITY_FILE, orjson.dumps(doc))
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m infra.simulators",
@@ -51,7 +83,9 @@ def main(argv: list[str] | None = None) -> None:
     state_dir: Path = args.state_dir or Path(".herald/run/simulators") / args.name
     state_dir.mkdir(parents=True, exist_ok=True)
     cls = simulator_class(args.name)
-    config = cls.config_model.model_validate(_load_config(args.config))
+    cli_config = _load_config(args.config)
+    previous = _identity(state_dir, args.port)
+    config = cls.config_model.model_validate({**previous, **cli_config})
     sim = cls(
         config,
         state_dir=state_dir,
@@ -59,8 +93,13 @@ def main(argv: list[str] | None = None) -> None:
         port=args.port,
         callback_url=args.callback_url,
     )
+    _save_identity(state_dir, args.port, previous, cli_config, sim)
+    credentials = sim.credentials()
+    if previous:  # what this restart did not regenerate (key paths) stays as it was
+        old = orjson.loads((state_dir / "credentials.json").read_bytes())
+        credentials = {**old, **{k: v for k, v in credentials.items() if v is not None}}
     write_private(
-        state_dir / "credentials.json", orjson.dumps(sim.credentials(), option=orjson.OPT_INDENT_2)
+        state_dir / "credentials.json", orjson.dumps(credentials, option=orjson.OPT_INDENT_2)
     )
     streams = getattr(sim.config, "max_concurrent_streams", 1000)
     asyncio.run(serve(sim, max_concurrent_streams=streams))

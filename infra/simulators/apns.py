@@ -23,7 +23,13 @@ from cryptography.hazmat.primitives.serialization import load_pem_public_key
 from pydantic import BaseModel, Field
 
 from infra.simulators.config import SimConfig
-from infra.simulators.keys import ec_private_pem, generate_tls, public_pem, write_private
+from infra.simulators.keys import (
+    TlsFiles,
+    ec_private_pem,
+    generate_tls,
+    public_pem,
+    write_private,
+)
 from infra.simulators.server import HANG, Request, Response, Simulator, _Hang
 
 __all__ = ["REASON_STATUS", "ApnsConfig", "ApnsSimulator"]
@@ -144,7 +150,12 @@ class ApnsSimulator(Simulator):
         self._generated: dict[str, Any] = {}
         if not self.config.keys:
             self._generate_key()
-        self._tls = generate_tls(self.state_dir / "tls", (self.host, "localhost", "127.0.0.1"))
+        tls = TlsFiles(*(self.state_dir / "tls" / f for f in ("ca.pem", "cert.pem", "key.pem")))
+        if self._generated or not all(p.exists() for p in (tls.ca, tls.cert, tls.key)):
+            # keys given (a restart keeps its identity, infra/simulators/__main__.py): keep the CA
+            # that clients already trust
+            tls = generate_tls(self.state_dir / "tls", (self.host, "localhost", "127.0.0.1"))
+        self._tls = tls
         self._tokens: dict[str, tuple[str, int] | str] = {}
         self._conn_token: dict[str, tuple[str, float]] = {}
         self.on_config(self.config)

@@ -313,10 +313,13 @@ def main(argv: list[str] | None = None) -> int:
                 for channel in args.channels.split(","):
                     n = args.push if channel == "push" else args.other
                     herald = herald_channel(base, sims, channel, n, args.processes, tmp)
-                    herald.pop("_sending")
+                    sending = herald.pop("_sending")
                     raw = raw_client(channel, sims, base.redis.url, n)
                     results[channel] = report(f"dispatch {channel} (bulk, {n:,} deliveries)",
                                               {**herald, "raw_client": raw})  # fmt: skip
+                    # the throughput-over-time plot of `python -m bench` (bench/_adapters.py)
+                    per_s = [round(x) for x in windows(sending, 1.0)]
+                    results[channel]["sends_per_s_series"] = per_s
                 rate = _budget(results) if args.rate is None else args.rate
                 if rate > 0:
                     results["shaping"] = report(

@@ -95,7 +95,7 @@ def plan(quick: bool = False) -> dict[str, Any]:
     """Deliveries/s through dataflows.plan beside Kafka consume→produce of its output."""
     from bench import plan as scenario
 
-    users = 5_000 if quick else 100_000
+    users = 5_000 if quick else 50_000
     data = _fresh_stack(lambda s: scenario.run(s, users))
     base = _get(data, "baseline consume->produce rec/s")
     figs = [
@@ -103,6 +103,8 @@ def plan(quick: bool = False) -> dict[str, Any]:
                _get(data, "plan output records/s"), "rec/s", baseline=base, baseline_name=KAFKA),
         figure("plan deliveries/s", _get(data, "plan deliveries/s"), "deliveries/s",
                target="≥ 50k/s per process"),
+        figure("plan deliveries per CPU second", _get(data, "plan deliveries per CPU second"),
+               "deliveries/CPU s"),
     ]  # fmt: skip
     notes = [f"Bulk marketing campaign to {users:,} users (1,000 per request), one Bytewax "
              "worker in-process, recovery on; startup and user-table load subtracted."]  # fmt: skip
@@ -114,7 +116,7 @@ def digest(quick: bool = False) -> dict[str, Any]:
     """Like events/s through dataflows.digest beside Kafka consume→produce of the same events."""
     from bench import digest as scenario
 
-    events, recipients = (50_000, 10_000) if quick else (1_000_000, 20_000)
+    events, recipients = (50_000, 10_000) if quick else (500_000, 20_000)
     data = _fresh_stack(lambda s: scenario.run(s, events, recipients))
     base = _get(data, "baseline consume->produce rec/s")
     figs = [
@@ -145,7 +147,8 @@ def _shaping_plot(shaping: dict[str, Any]) -> dict[str, Any]:
 
 def dispatch(quick: bool = False) -> dict[str, Any]:
     """Provider sends/s per channel beside the bare provider client; APNs shaping."""
-    argv = ["--push", "1000", "--other", "300", "--rate", "200"] if quick else []
+    quick_argv = ["--push", "1000", "--other", "300", "--rate", "200"]
+    argv = quick_argv if quick else ["--push", "10000", "--other", "2000"]
     data = _json_main("bench.dispatch", argv)
     figs = []
     plots: list[dict[str, Any]] = []

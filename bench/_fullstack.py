@@ -123,9 +123,11 @@ class FullStack:
 
         return produce_all(self.settings, topic, records())
 
-    def sim_stats(self, name: str) -> dict[str, Any]:
-        """A provider simulator's counters (no ids)."""
-        resp = httpx.get(f"{self.sims[name]}/_admin/stats", params={"ids": "0"}, verify=False)
+    def sim_stats(self, name: str, log: bool = False) -> dict[str, Any]:
+        """A provider simulator's counters (no ids); with `log`, every request's
+        [unix time, address, outcome] as the provider saw it."""
+        params = {"ids": "0", "log": "1" if log else "0"}
+        resp = httpx.get(f"{self.sims[name]}/_admin/stats", params=params, verify=False)
         resp.raise_for_status()
         stats: dict[str, Any] = resp.json()
         return stats

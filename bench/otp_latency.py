@@ -129,7 +129,7 @@ def run(users: int, otps: int, interval: float) -> dict[str, Any]:
         deadline = time.monotonic() + 60
         while True:  # until every OTP reached the provider (or a minute passed)
             events = stack.delivery_events(("notification_id", "state", "occurred_at",
-                                            "traffic_class", "channel"))  # fmt: skip
+                                            "traffic_class", "channel", "reason"))  # fmt: skip
             lat_idle, lat_busy = _latencies(events, idle), _latencies(events, busy)
             if len(lat_idle) + len(lat_busy) == 2 * otps or time.monotonic() > deadline:
                 break
@@ -140,7 +140,8 @@ def run(users: int, otps: int, interval: float) -> dict[str, Any]:
     bulk_states: dict[str, int] = {}
     for ev in events:
         if ev["traffic_class"] == "bulk":
-            bulk_states[ev["state"]] = bulk_states.get(ev["state"], 0) + 1
+            key = f"{ev['channel'] or '-'} {ev['state']} {ev['reason'] or ''}".strip()
+            bulk_states[key] = bulk_states.get(key, 0) + 1
     return {
         "users": users, "otps": otps, "interval_s": interval, "bulk_events": bulk_states,
         "idle_s": [lat_idle[n] for n in idle if n in lat_idle],
@@ -228,6 +229,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(fig))
     for note in res["notes"]:
         print(note)
+    print(json.dumps(res["details"]["bulk_events"], indent=1))
     return 0
 
 

@@ -14,7 +14,7 @@ STAMP  := $(VENV)/.installed
 help:
 	@echo "make run     start the whole platform on embedded defaults (Ctrl-C stops it)"
 	@echo "make test    run the whole test suite against real embedded services"
-	@echo "make bench   run the benchmark scenarios and write bench/results/REPORT.md"
+	@echo "make bench   run every benchmark and write bench/results/REPORT.md with PNG plots"
 	@echo "make lint    ruff and mypy"
 	@echo "make lock    re-pin requirements.lock from pyproject.toml"
 
@@ -34,8 +34,9 @@ run: install
 test: install
 	$(BIN)/python -m pytest
 
+# every SPEC §6 benchmark → bench/results/REPORT.md + PNGs (~15 min); e.g. BENCH_ARGS="plan --quick"
 bench: install
-	$(BIN)/python -m bench
+	$(BIN)/python -m bench $(BENCH_ARGS)
 
 lint: install
 	$(BIN)/python -m ruff check . && $(BIN)/python -m mypy herald infra schemas sources sinks dataflows api

@@ -3,7 +3,13 @@
 A `Component` says how to start one process and how to tell it is healthy. The launcher
 (infra/stack.py) starts every infrastructure service first, bootstraps them (topics,
 migrations), then starts the jobs with the services' addresses in their environment.
-Adding a dataflow to `herald up` is one line in `JOBS`.
+Adding a dataflow to `herald up` is one line in `job_specs`.
+
+Scale-out (`herald up --processes N`, HERALD_PROCESSES): every Bytewax job runs as a cluster of
+N processes, `python -m bytewax.run FLOW -i <index> -a "h:p0;h:p1;..."` on loopback ports, each
+its own component (`plan_bulk`, `plan_bulk-p1`, ...: process 0 keeps the job's name) with its
+own log, pid, health and metrics port, sharing the job's recovery directory (partitioned for
+N processes). Kafka partitions are spread over the workers of all processes.
 """
 
 from __future__ import annotations
@@ -66,6 +72,10 @@ class Component:
     url_name: str | None = None
     # Extra environment for this component only (e.g. its own metrics port).
     env: Callable[[Ctx], dict[str, str]] | None = None
+    # Bytewax jobs: the job (recovery directory) this process belongs to and how many
+    # processes that job's cluster has; None for everything else.
+    job: str | None = None
+    processes: int = 1
 
 
 def tansu_binary() -> str:
@@ -251,41 +261,80 @@ def simulator_client_env(ctx: Ctx) -> dict[str, str]:
     return env
 
 
+def process_name(job: str, index: int) -> str:
+    """Component name of process `index` of a Bytewax job (process 0 keeps the job's name)."""
+    return job if index == 0 else f"{job}-p{index}"
+
+
 def bytewax_job(
     name: str,
     import_str: str,
     ready_timeout: float = 60.0,
     extra_env: Callable[[Ctx], dict[str, str]] | None = None,
+    *,
+    index: int = 0,
+    processes: int = 1,
 ) -> Component:
-    """A dataflow run as `python -m bytewax.run` with recovery snapshots in the run directory.
+    """Process `index` of a dataflow run as `python -m bytewax.run` with recovery snapshots.
 
     The job counts as healthy while its process runs; its recovery partitions are created by
     the launcher before the first start (infra/stack.py) so a restart resumes from them. Its
-    Prometheus metrics are served on its own port (HERALD_METRICS_PORT).
+    Prometheus metrics are served on its own port (HERALD_METRICS_PORT). With `processes` > 1
+    the process joins the job's cluster (`-i index -a addresses`); process 0 owns the
+    allocation of the cluster's ports.
     """
-    metrics_port = f"metrics_{name}"
+    component = process_name(name, index)
+    metrics_port = f"metrics_{component}"
+    cluster = [f"cluster_{name}_{i}" for i in range(processes)] if processes > 1 else []
 
     def argv(ctx: Ctx) -> list[str]:
-        return [
+        args = [
             sys.executable, "-m", "bytewax.run", import_str,
             "-r", str(ctx.run_dir / "recovery" / name),
             "-s", "5",
             "-b", "30",
         ]  # fmt: skip
+        if cluster:
+            addresses = ";".join(f"{ctx.host}:{ctx.port(p)}" for p in cluster)
+            args += ["-i", str(index), "-a", addresses]
+        return args
+
+    def address(ctx: Ctx) -> str:
+        where = f"metrics :{ctx.port(metrics_port)}"
+        if cluster:
+            where = f"process {index + 1}/{processes}, cluster :{ctx.port(cluster[index])}, {where}"
+        return f"{import_str} ({where})"
 
     return Component(
-        name=name,
+        name=component,
         kind="job",
         argv=argv,
         healthy=lambda ctx: True,
-        address=lambda ctx: f"{import_str} (metrics :{ctx.port(metrics_port)})",
+        address=address,
         ready_timeout=ready_timeout,
-        ports=(metrics_port,),
+        ports=(metrics_port, *(cluster if index == 0 else ())),
         env=lambda ctx: {
             "HERALD_METRICS_PORT": str(ctx.port(metrics_port)),
             **(extra_env(ctx) if extra_env else {}),
         },
+        job=name,
+        processes=processes,
     )
+
+
+def bytewax_cluster(
+    name: str,
+    import_str: str,
+    processes: int = 1,
+    extra_env: Callable[[Ctx], dict[str, str]] | None = None,
+) -> list[Component]:
+    """Every process of one Bytewax job (one component per process)."""
+    if processes < 1:
+        raise ValueError("processes must be >= 1")
+    return [
+        bytewax_job(name, import_str, extra_env=extra_env, index=i, processes=processes)
+        for i in range(processes)
+    ]
 
 
 def http_app(name: str, module: str, url_name: str | None = None) -> Component:
@@ -306,31 +355,47 @@ def http_app(name: str, module: str, url_name: str | None = None) -> Component:
     )
 
 
-# Herald's own processes, started after the services are bootstrapped.
-JOBS: list[Component] = [
-    http_app("api", "api", url_name="api"),
-    bytewax_job("accepted", "dataflows.accepted:build_flow()"),
-    bytewax_job("digest", "dataflows.digest:build_flow()"),
+BYTEWAX_JOBS: list[tuple[str, str, Callable[[Ctx], dict[str, str]] | None]] = [
+    ("accepted", "dataflows.accepted:build_flow()", None),
+    ("digest", "dataflows.digest:build_flow()", None),
     # one planning job per traffic class: a bulk backlog never delays transactional planning
-    bytewax_job("plan_transactional", "dataflows.plan:build_flow(traffic_class='transactional')"),
-    bytewax_job("plan_normal", "dataflows.plan:build_flow(traffic_class='normal')"),
-    bytewax_job("plan_bulk", "dataflows.plan:build_flow(traffic_class='bulk')"),
-    bytewax_job("schedule", "dataflows.schedule:build_flow()"),
+    *(
+        (f"plan_{cls}", f"dataflows.plan:build_flow(traffic_class='{cls}')", None)
+        for cls in ("transactional", "normal", "bulk")
+    ),
+    ("schedule", "dataflows.schedule:build_flow()", None),
     # dispatch: one job per traffic class here (all channels); production runs one per
     # channel x class (channel='push', ...) scaled with -i/-a
     *(
-        bytewax_job(
+        (
             f"dispatch_{cls}",
             f"dataflows.dispatch:build_flow(channel='all', traffic_class='{cls}')",
-            extra_env=simulator_client_env,
+            simulator_client_env,
         )
         for cls in ("transactional", "normal", "bulk")
     ),
     *(
-        bytewax_job(f"retry_{cls}", f"dataflows.retry:build_flow(traffic_class='{cls}')")
+        (f"retry_{cls}", f"dataflows.retry:build_flow(traffic_class='{cls}')", None)
         for cls in ("transactional", "normal", "bulk")
     ),
-    bytewax_job("receipts", "dataflows.receipts:build_flow()"),
-    bytewax_job("warehouse", "dataflows.warehouse:build_flow()"),
-    http_app("dashboards", "dashboards", url_name="dashboard"),
+    ("receipts", "dataflows.receipts:build_flow()", None),
+    ("warehouse", "dataflows.warehouse:build_flow()", None),
 ]
+"""(name, import string, extra environment) of every Bytewax job `herald up` runs."""
+
+
+def jobs(processes: int = 1) -> list[Component]:
+    """Herald's own processes, started after the services are bootstrapped: the API, every
+    Bytewax job with `processes` processes each, the dashboards."""
+    return [
+        http_app("api", "api", url_name="api"),
+        *(
+            component
+            for name, flow, extra in BYTEWAX_JOBS
+            for component in bytewax_cluster(name, flow, processes, extra)
+        ),
+        http_app("dashboards", "dashboards", url_name="dashboard"),
+    ]
+
+
+JOBS: list[Component] = jobs(1)

@@ -36,7 +36,7 @@ from typing import IO, Any
 from herald.config import ClickHouseSettings, KafkaSettings
 from herald.errors import AlreadyRunningError, InfraError
 from infra.process import ManagedProcess, free_port, kill_group, pid_alive, wait_until
-from infra.services import JOBS, SERVICES, Component, Ctx
+from infra.services import SERVICES, Component, Ctx, jobs
 
 log = logging.getLogger(__name__)
 
@@ -84,11 +84,14 @@ class Stack:
         services: list[Component] | None = None,
         jobs: list[Component] | None = None,
         on_event: Callable[[str], None] | None = None,
+        processes: int = 1,
     ) -> None:
+        """`processes`: processes per Bytewax job (ignored when `jobs` is given)."""
         self.run_dir = run_dir.resolve()
         self.host = host
+        self.processes = processes
         self.services = SERVICES if services is None else services
-        self.jobs = JOBS if jobs is None else jobs
+        self.jobs = _jobs(processes) if jobs is None else jobs
         self.on_event = on_event or (lambda msg: log.info(msg))
         self.running: dict[str, Running] = {}
         self.ctx: Ctx | None = None
@@ -233,12 +236,16 @@ class Stack:
         """
         import subprocess
 
-        for job in self.jobs:
-            path = self.run_dir / "recovery" / job.name
+        partitions: dict[str, int] = {}
+        for component in self.jobs:
+            job = component.job or component.name
+            partitions[job] = max(partitions.get(job, 1), component.processes)
+        for job, count in partitions.items():
+            path = self.run_dir / "recovery" / job
             shutil.rmtree(path, ignore_errors=True)
             path.mkdir(parents=True)
             subprocess.run(
-                [sys.executable, "-m", "bytewax.recovery", str(path), "1"],
+                [sys.executable, "-m", "bytewax.recovery", str(path), str(count)],
                 check=True,
                 capture_output=True,
             )
@@ -272,6 +279,7 @@ class Stack:
             "run_dir": str(self.run_dir),
             "host": self.host,
             "ready": ready,
+            "processes": self.processes,
             "written_at": datetime.now(UTC).isoformat(),
             "ports": ctx.ports,
             "env": ctx.child_env(),
@@ -300,6 +308,10 @@ class Stack:
         tmp.replace(self.run_dir / STATE_FILE)
 
 
+def _jobs(processes: int) -> list[Component]:
+    return jobs(processes)
+
+
 # -- status and down, used by other processes than the supervisor ---------------------------
 
 
@@ -320,7 +332,7 @@ def stack_status(run_dir: Path) -> tuple[dict[str, Any] | None, list[ComponentSt
     if state is None or not is_locked(run_dir):
         return None, []
     ctx = Ctx(run_dir=run_dir, host=state["host"], ports=dict(state["ports"]))
-    by_name = {c.name: c for c in SERVICES + JOBS}
+    by_name = {c.name: c for c in SERVICES + jobs(int(state.get("processes") or 1))}
     result = []
     for name, info in state["components"].items():
         pid = info.get("pid")

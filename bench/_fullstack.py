@@ -36,13 +36,36 @@ REPO = Path(__file__).resolve().parents[1]
 DEV_KEY = "hk_dev_local_do_not_use_in_production"  # the embedded stack's public dev key
 
 
-def _herald(*args: str, run_dir: Path, env: dict[str, str], timeout: float) -> None:
+def _herald(*args: str, run_dir: Path, env: dict[str, str], timeout: float) -> str:
+    """Run `herald ARGS --run-dir run_dir`; its output, or RuntimeError with it."""
     proc = subprocess.run(
         [sys.executable, "-m", "herald.cli", *args, "--run-dir", str(run_dir)],
         capture_output=True, text=True, timeout=timeout, cwd=REPO, env={**os.environ, **env},
     )  # fmt: skip
     if proc.returncode != 0:
         raise RuntimeError(f"herald {' '.join(args)} failed: {proc.stdout}{proc.stderr}"[-3000:])
+    return proc.stdout
+
+
+def _up(run_dir: Path, env: dict[str, str], patience: float = 360) -> None:
+    """`herald up --detach`; on a machine so loaded that the CLI gives up waiting (180 s) while
+    its supervisor is still starting components, keep waiting for the stack to be ready."""
+    from infra.stack import read_state
+
+    try:
+        _herald("up", "--detach", run_dir=run_dir, env=env, timeout=300)
+        return
+    except RuntimeError as exc:
+        if "did not become ready in time" not in str(exc):
+            raise
+        failure = exc
+    deadline = time.monotonic() + patience
+    while time.monotonic() < deadline:
+        state = read_state(run_dir)
+        if state and state.get("ready"):
+            return
+        time.sleep(1)
+    raise failure
 
 
 @contextmanager
@@ -50,7 +73,7 @@ def full_stack(run_dir: Path, env: dict[str, str] | None = None) -> Iterator[Ful
     """`herald up --detach` in `run_dir` with `env`; `herald down` on exit."""
     extra = {"HERALD_LOG_LEVEL": "WARNING", **(env or {})}
     try:
-        _herald("up", "--detach", run_dir=run_dir, env=extra, timeout=300)
+        _up(run_dir, extra)
         stack = FullStack(run_dir)
         try:
             yield stack

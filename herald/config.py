@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field, SecretStr
+from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -93,12 +93,20 @@ class ClickHouseSettings(BaseSettings):
 
 
 class RunSettings(BaseSettings):
-    """Where the embedded stack keeps its data, logs and pid/state files."""
+    """Where the embedded stack keeps its data, logs and pid/state files, and how many
+    processes each of its Bytewax jobs runs (HERALD_RUN_PROCESSES; `herald up --processes`)."""
 
-    model_config = SettingsConfigDict(env_prefix="HERALD_")
+    model_config = SettingsConfigDict(env_prefix="HERALD_", populate_by_name=True)
 
     run_dir: Path = Path(".herald/run")
     host: str = "127.0.0.1"
+    processes: int = Field(
+        default=1,
+        ge=1,
+        le=16,
+        validation_alias=AliasChoices("HERALD_RUN_PROCESSES", "processes"),
+        description="Bytewax processes per job (a cluster joined with -i/-a on loopback).",
+    )
 
 
 class HeraldSettings(BaseSettings):

@@ -63,11 +63,24 @@ def up(
         bool, typer.Option("--detach", "-d", help="Start in the background and return.")
     ] = False,
     run_dir: RunDir = None,
+    processes: Annotated[
+        int | None,
+        typer.Option(
+            "--processes",
+            "-p",
+            min=1,
+            max=16,
+            help="Bytewax processes per job, joined as a cluster with -i/-a on loopback "
+            "(default 1, or HERALD_RUN_PROCESSES).",
+        ),
+    ] = None,
 ) -> None:
     """Start Kafka (Tansu), Redis, ClickHouse (chDB) and every Herald job on free local ports."""
+    from herald.config import RunSettings
     from infra.stack import Stack, is_locked, read_state
 
     path = _run_dir(run_dir)
+    count = processes if processes is not None else RunSettings().processes
     if is_locked(path):
         state = read_state(path) or {}
         err.print(
@@ -77,11 +90,11 @@ def up(
         )
         raise typer.Exit(1)
     if detach:
-        _up_detached(path)
+        _up_detached(path, count)
         return
     _setup_logging()
     started = time.monotonic()
-    stack = Stack(path, on_event=lambda msg: console.print(f"[dim]·[/] {msg}"))
+    stack = Stack(path, on_event=lambda msg: console.print(f"[dim]·[/] {msg}"), processes=count)
     stack.install_signal_handlers()
     try:
         stack.start()
@@ -100,7 +113,7 @@ def up(
         console.print("[green]stopped[/]: no process left behind")
 
 
-def _up_detached(path: Path) -> None:
+def _up_detached(path: Path, processes: int = 1) -> None:
     from infra.stack import read_state
 
     path.mkdir(parents=True, exist_ok=True)
@@ -108,13 +121,14 @@ def _up_detached(path: Path) -> None:
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as logfile:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "herald.cli", "up", "--run-dir", str(path)],
+            [sys.executable, "-m", "herald.cli", "up", "--run-dir", str(path)]
+            + ["--processes", str(processes)],
             stdin=subprocess.DEVNULL,
             stdout=logfile,
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    deadline = time.monotonic() + 180
+    deadline = time.monotonic() + 180 * processes  # every job's processes start
     with console.status("starting the embedded stack…"):
         while time.monotonic() < deadline:
             state = read_state(path)

@@ -249,11 +249,12 @@ def reconcile(
 ) -> LedgerReport:
     """Match every expected delivery with Herald's events and the providers' copies.
 
-    Events are matched on (notification_id, user_id, channel); copies on (channel's providers,
-    address). Request-level events (empty channel) are ignored. Copies at an address that no
-    expected delivery uses are returned as strays (a message nobody asked for).
+    Events are matched on (notification_id, user_id, channel). Copies are found at the address
+    (at any provider of the channel); when several expected deliveries share an address, each
+    copy goes to the delivery that recorded its provider message id, else to a delivery still
+    without a copy, else it is a duplicate (`_share`). Request-level events (empty channel) are
+    ignored. Copies at an address that no expected delivery uses are strays.
     """
-    expected = list(expected)
     states: dict[tuple[str, str, str], set[str]] = defaultdict(set)
     msg_ids: dict[tuple[str, str, str], set[str]] = defaultdict(set)
     for ev in events:
@@ -266,17 +267,42 @@ def reconcile(
     at: dict[tuple[str, str], list[ProviderCopy]] = defaultdict(list)
     for copy in copies:
         at[(copy.provider, copy.address)].append(copy)
-    used: set[tuple[str, str]] = set()
-    outcomes = []
+    outcomes: list[DeliveryOutcome] = []
+    groups: dict[tuple[str, str], list[DeliveryOutcome]] = defaultdict(list)
     for exp in expected:
-        found: list[ProviderCopy] = []
-        for provider in CHANNEL_PROVIDERS.get(exp.channel, ()):
-            used.add((provider, exp.address))
-            found.extend(at.get((provider, exp.address), []))
-        outcomes.append(
-            DeliveryOutcome(
-                exp, frozenset(states.get(exp.key, ())), found, frozenset(msg_ids.get(exp.key, ()))
-            )
+        key = exp.key
+        outcome = DeliveryOutcome(
+            exp, frozenset(states.get(key, ())), [], frozenset(msg_ids.get(key, ()))
         )
+        outcomes.append(outcome)
+        groups[(exp.channel, exp.address)].append(outcome)
+    used: set[tuple[str, str]] = set()
+    for (channel, address), group in groups.items():
+        found: list[ProviderCopy] = []
+        for provider in CHANNEL_PROVIDERS.get(channel, ()):
+            used.add((provider, address))
+            found.extend(at.get((provider, address), []))
+        _share(group, found)
     strays = [c for where, cs in at.items() if where not in used for c in cs]
     return LedgerReport(outcomes, strays)
+
+
+def _share(group: list[DeliveryOutcome], found: list[ProviderCopy]) -> None:
+    """Give each copy at one address to the delivery it most plausibly belongs to.
+
+    1. the delivery that recorded the copy's provider message id;
+    2. a delivery without a copy and without a recorded id (Herald never learned the result:
+       crash after the provider accepted, UNKNOWN), then one whose recorded copy no snapshot saw;
+    3. otherwise the copy is one too many: a duplicate of the first delivery that has a copy.
+    """
+    owner = {mid: o for o in group for mid in o.recorded_msg_ids}
+    rest: list[ProviderCopy] = []
+    for c in found:
+        if c.msg_id in owner:
+            owner[c.msg_id].copies.append(c)
+        else:
+            rest.append(c)
+    for c in rest:
+        empty = [o for o in group if not o.copies]
+        empty.sort(key=lambda o: bool(o.recorded_msg_ids))
+        (empty[0] if empty else group[0]).copies.append(c)

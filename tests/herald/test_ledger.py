@@ -107,3 +107,27 @@ def test_provider_view_keeps_every_incarnation_of_a_restarted_simulator() -> Non
     assert copies[0].first_seen == 1.0 and copies[1].first_seen is None
     assert copies[2].ref == "d1" and copies[2].first_seen == 5.0
     assert view.incarnations("sms_a") == 2 and view.incarnations("sms_b") == 1
+
+
+def test_deliveries_sharing_an_address_get_their_recorded_copies_and_extras_are_duplicates() -> (
+    None
+):
+    """One phone, three OTPs: ids recorded by Herald decide who owns which copy."""
+    phone = "+14155550001"
+    exp = [ExpectedDelivery(f"n{i}", "u1", "sms", phone) for i in range(3)]
+    events = [
+        HeraldEvent("n0", "u1", "sms", "PROVIDER_ACCEPTED", "d0", "sms_a", "SM0"),
+        HeraldEvent("n1", "u1", "sms", "PROVIDER_ACCEPTED", "d1", "sms_a", "SM1"),
+        HeraldEvent("n2", "u1", "sms", "SENDING", "d2"),  # crashed before recording the result
+    ]
+    found = [ProviderCopy("sms_a", phone, m) for m in ("SM0", "SMx", "SM1")]
+    report = reconcile(exp, events, found)
+    assert [[c.msg_id for c in o.copies] for o in report.outcomes] == [["SM0"], ["SM1"], ["SMx"]]
+    assert report.duplicates == 0 and [
+        o.expected.notification_id for o in report.stuck_with_copy
+    ] == ["n2"]
+    # the same crash, then a resend Herald recorded: the unrecorded copy is one too many
+    events[2] = HeraldEvent("n2", "u1", "sms", "PROVIDER_ACCEPTED", "d2", "sms_b", "V2")
+    found.append(ProviderCopy("sms_b", phone, "V2"))
+    report = reconcile(exp, events, found)
+    assert report.duplicates == 1 and report.losses == []

@@ -27,7 +27,6 @@ from typing import Any
 import httpx
 import jwt
 import orjson
-from hpack import NeverIndexedHeaderTuple
 
 from herald.outcomes import (
     Accepted,
@@ -209,13 +208,8 @@ class ApnsClient(ProviderClient):
         """POST on the shared connection; the lean transport is called without client overhead."""
         if self._h2 is None:
             return await self.http.post(path, headers=headers, content=body)
-        raw = [
-            # Per-request values are never indexed, so they don't evict the token from HPACK.
-            NeverIndexedHeaderTuple(k.encode(), v.encode())
-            if k in _UNIQUE
-            else (k.encode(), v.encode())
-            for k, v in headers.items()
-        ]
+        # Per-request values are never indexed, so they don't evict the token from HPACK.
+        raw = [(k.encode(), v.encode(), k in _UNIQUE) for k, v in headers.items()]
         return await self._h2.request(
             self._url, b"POST", path.encode(), raw, body, self.timeouts, index_path=False
         )

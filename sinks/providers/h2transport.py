@@ -2,8 +2,9 @@
 
 httpx's default HTTP/2 path (httpcore) spends ~1 ms of CPU per request under concurrency (a
 lock and a task switch per frame read), which caps one core near 1k requests/s. `H2Transport`
-drives `h2` directly from an `asyncio.Protocol`: responses are dispatched to per-stream futures
-as frames arrive, and frames written in one event-loop turn go out in one `write`.
+speaks HTTP/2 framing itself from an `asyncio.Protocol` (sinks/providers/h2connection.py, Rust
+HPACK): responses are dispatched to per-stream futures as frames arrive, and frames written in
+one event-loop turn go out in one `write`.
 
 Plug it into `httpx.AsyncClient(transport=H2Transport(...))`, or call
 `handle_async_request(httpx.Request(...))` directly on the hot path.
@@ -27,11 +28,10 @@ import ssl
 from collections.abc import Mapping
 
 import httpx
-from hpack import NeverIndexedHeaderTuple
 
-from sinks.providers.h2connection import Connection, H2Response, NotProcessed
+from sinks.providers.h2connection import Connection, H2Response, Header, NotProcessed
 
-__all__ = ["H2Response", "H2Transport"]
+__all__ = ["H2Response", "H2Transport", "Header"]
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +135,7 @@ class H2Transport(httpx.AsyncBaseTransport):
         url: httpx.URL,
         method: bytes,
         path: bytes,
-        headers: list[tuple[bytes, bytes]],
+        headers: list[Header],
         body: bytes,
         timeouts: Mapping[str, float | None],
         *,
@@ -143,15 +143,17 @@ class H2Transport(httpx.AsyncBaseTransport):
     ) -> H2Response:
         """Send one request (`url` gives scheme and authority; header names lower-case).
 
-        `index_path=False` keeps a per-request path out of the HPACK table.
+        `headers` are (name, value, sensitive) triples: sensitive values (per-request ids) are
+        never added to the HPACK table, so they don't evict the ones that repeat (the token).
+        `index_path=False` keeps a per-request path out of the HPACK table too.
         """
         if url.scheme not in ("https", "http"):
             raise httpx.UnsupportedProtocol(f"unsupported scheme {url.scheme!r}")
         head = [
-            (b":method", method),
-            (b":scheme", url.raw_scheme),
-            (b":authority", url.netloc),
-            (b":path", path) if index_path else NeverIndexedHeaderTuple(b":path", path),
+            (b":method", method, False),
+            (b":scheme", url.raw_scheme, False),
+            (b":authority", url.netloc, False),
+            (b":path", path, not index_path),
             *headers,
         ]
         for attempt in range(2):
@@ -172,7 +174,9 @@ class H2Transport(httpx.AsyncBaseTransport):
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         """httpx transport API: send `request` on a multiplexed stream."""
         body = await request.aread()
-        headers = [(k.lower(), v) for k, v in request.headers.raw if k.lower() not in _HOP_BY_HOP]
+        headers = [
+            (k.lower(), v, False) for k, v in request.headers.raw if k.lower() not in _HOP_BY_HOP
+        ]
         resp = await self.request(
             request.url,
             request.method.encode(),
@@ -193,7 +197,6 @@ class H2Transport(httpx.AsyncBaseTransport):
         """Send GOAWAY on every connection and close them."""
         for conn in list(self._conns):
             with contextlib.suppress(Exception):
-                conn.h2.close_connection()
-                conn.flush()
+                conn.close()
             conn._close_transport()
         self._conns.clear()

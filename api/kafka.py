@@ -60,19 +60,41 @@ class AsyncProducer:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._batch: list[_Pending] = []
+        self._fatal: KafkaError | None = None
         self.default_timeout = int(self.config["message.timeout.ms"]) / 1000 + 1.0
 
     def start(self) -> None:
         """Create the client and its poll thread (call from the event loop)."""
         self._loop = asyncio.get_running_loop()
-        self._producer = Producer(self.config)
+        self._producer = Producer({**self.config, "error_cb": self._on_error})
         self._thread = threading.Thread(target=self._poll, name="herald-api-kafka", daemon=True)
         self._thread.start()
 
+    def _on_error(self, err: KafkaError) -> None:
+        # Runs in the poll thread. A fatal error (e.g. PRODUCER_FENCED after a request timed out
+        # on a starved broker) leaves an idempotent producer refusing every later record.
+        if err.fatal():
+            self._fatal = err
+
+    def _replace_if_fatal(self) -> None:
+        """librdkafka's remedy for a fatal error: fail what is queued, make a new producer."""
+        old, err = self._producer, self._fatal
+        if old is None or err is None:
+            return
+        log.error("api.producer_fatal error=%s; replacing the producer", err.name())
+        self._fatal = None
+        self._producer = Producer({**self.config, "error_cb": self._on_error})
+        old.purge()  # in-flight records fail now (503, the caller retries); none is lost
+        old.poll(0)
+
     def _poll(self) -> None:
-        producer, loop = self._producer, self._loop
-        assert producer is not None and loop is not None
+        loop = self._loop
+        assert loop is not None
         while not self._stop.is_set():
+            self._replace_if_fatal()
+            producer = self._producer
+            if producer is None:
+                return
             producer.poll(0.05)
             if self._batch:
                 batch, self._batch = self._batch, []

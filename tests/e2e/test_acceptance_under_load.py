@@ -10,7 +10,10 @@ from __future__ import annotations
 import time
 import uuid
 
+import pytest
+
 from herald.stackclient import StackClient
+from infra.process import port_open
 from tests.e2e._helpers import (
     REACHED,
     TERMINAL,
@@ -29,8 +32,9 @@ from tests.e2e._stack import FCM_RATE, E2EStack
 CAMPAIGN_USERS = 20_000  # sized to this 2-core box: ~25 s of push at the FCM budget
 OTPS = 40
 OTP_INTERVAL_S = 0.25
-BURST_S = 0.1
-PROBE_USERS = 200  # RateModel.burst_s default: the bucket holds rate x 0.1 s
+BURST_S = 0.1  # RateModel.burst_s default: the bucket holds rate x 0.1 s
+PROBE_USERS = 200
+DRAIN_WINDOW_S = 900.0  # seed 001: the bulk backlog is digested within 15 minutes
 
 
 def _start_campaign(client: StackClient, tag: str) -> tuple[str, list[str]]:
@@ -63,6 +67,17 @@ def _campaign_pushes(client: StackClient, tokens: set[str]) -> list[float]:
     return [t for t, a, o in sim_log(client, "fcm") if o == "accepted" and a in tokens]
 
 
+@pytest.mark.timeout(1500)
+def _wait_serving(e2e: E2EStack, job: str, timeout: float = 240) -> None:
+    """Until the restarted job has built its dataflow (its /metrics port answers): the time a
+    Bytewax process takes to start is the supervisor's, not the worker's take-over."""
+    port = e2e.client.refresh_state()["ports"][f"metrics_{job}"]
+    deadline = time.monotonic() + timeout
+    while not port_open("127.0.0.1", port):
+        assert time.monotonic() < deadline, f"{job} did not come back within {timeout:.0f}s"
+        time.sleep(0.2)
+
+
 def test_bulk_flood_does_not_slow_otps_and_provider_rate_holds(
     e2e: E2EStack, pool: UserPool
 ) -> None:
@@ -74,7 +89,7 @@ def test_bulk_flood_does_not_slow_otps_and_provider_rate_holds(
 
     _, bulk_users = _start_campaign(client, tag)
     flood_start = client.sim("fcm").stats(ids=False)["accepted"]
-    _wait_flooding(client, at_least=flood_start + 1_000)
+    _wait_flooding(client, at_least=flood_start + 300)
     tokens = {f"tok-{u}" for u in bulk_users}
 
     accepted_at: dict[str, float] = {}  # phone -> wall time the API answered 202
@@ -103,8 +118,9 @@ def test_bulk_flood_does_not_slow_otps_and_provider_rate_holds(
     assert max(fcm_times) > last_otp, "the campaign drained before the OTPs: no contention"
     assert p99 < 2.0, f"OTP accept->provider p99 {p99:.3f}s (p50 {p50:.3f}s) >= 2 s"
 
-    # the campaign drains completely, and never above the configured FCM budget
-    deadline = time.monotonic() + 300
+    # the campaign drains completely within the seed's 15-minute window, and never above the
+    # configured FCM budget
+    deadline = time.monotonic() + DRAIN_WINDOW_S
     while len(fcm_times) < len(bulk_users) and time.monotonic() < deadline:
         time.sleep(2)
         fcm_times = _campaign_pushes(client, tokens)
@@ -119,6 +135,7 @@ def test_bulk_flood_does_not_slow_otps_and_provider_rate_holds(
     assert max_window_count(fcm_times, 5.0) <= FCM_RATE * (5.0 + BURST_S) + 1
 
 
+@pytest.mark.timeout(600)
 def test_killed_transactional_worker_loses_no_accepted_otp(e2e: E2EStack, pool: UserPool) -> None:
     """SIGKILL dispatch_transactional mid-stream: after the supervisor restarts it, every
     202-accepted OTP reaches the provider (or a terminal state); copies a provider saw twice
@@ -138,6 +155,7 @@ def test_killed_transactional_worker_loses_no_accepted_otp(e2e: E2EStack, pool: 
             killed_at = time.time()
         if i == 20:
             client.wait_restarted("dispatch_transactional", old, timeout=60)
+            _wait_serving(e2e, "dispatch_transactional")
         nids[phone] = client.send(otp_body(f"kill-{tag}-{i}", user))
         if i >= 20:
             sent_after_restart[phone] = time.time()
@@ -159,6 +177,8 @@ def test_killed_transactional_worker_loses_no_accepted_otp(e2e: E2EStack, pool: 
     for times in duplicates.values():
         # a second copy only for a message that was in flight when the worker died
         assert killed_at - 10 <= times[0] <= killed_at + 1, (times, killed_at)
-    # the restarted worker has its transactional budget back: OTPs sent after it go through
+    # the restarted worker has its transactional budget back: OTPs sent after it serves again
+    # go through within the seed's 2 s (plus the catch-up of the 10 sent while it was down)
     late = [copies[p][0] - t for p, t in sent_after_restart.items()]
+    print(f"after the restart: OTP 202 -> provider max {max(late):.2f}s")
     assert max(late) < 10.0, f"OTPs after the restart took {max(late):.1f}s to reach a provider"

@@ -1,6 +1,8 @@
 """The dispatch and retry jobs as real processes, on the embedded Kafka and Redis, with a real
 APNs simulator: sends, retries through herald.retry.transactional, token cleanup, bad input, and
-a SIGKILL between the provider's acceptance and the SENT mark (at most one duplicate)."""
+a SIGKILL between the provider's acceptance and the SENT mark (at most one duplicate); with the
+SMS simulators too: cross-channel fallback SMS → push through the job's own topics, and a
+rejected phone number disabled (herald.devices and the API's copy)."""
 
 from __future__ import annotations
 
@@ -31,6 +33,9 @@ from tests.dataflows.jobs import (
     wait_for,
 )
 from tests.sinks.dispatch_helpers import accepted_for, delivery, put_devices, token
+
+ALL_TX = "dataflows.dispatch:build_flow(channel='all', traffic_class='transactional')"
+SMS_TX = "herald.deliveries.sms.transactional"
 
 pytestmark = pytest.mark.integration
 
@@ -143,3 +148,70 @@ def test_sigkill_after_the_call_sends_at_most_one_duplicate(
     for d in batch:
         sends = accepted_for(apns, d["address"])
         assert sends == (2 if d["delivery_id"] in crashed_ids else 1)  # at most one duplicate
+
+
+@pytest.fixture(scope="module")
+def sms_procs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, RunningSimulator]]:
+    tmp = tmp_path_factory.mktemp("sms")
+    started = {name: start_simulator(name, tmp / name) for name in ("sms_a", "sms_b")}
+    yield started
+    for sim in started.values():
+        sim.stop()
+
+
+def test_sms_falls_back_to_push_and_a_rejected_number_is_disabled(
+    settings: HeraldSettings,
+    env: dict[str, str],
+    apns: RunningSimulator,
+    sms_procs: dict[str, RunningSimulator],
+    tmp_path: Path,
+) -> None:
+    a, b = sms_procs["sms_a"], sms_procs["sms_b"]
+    for sim in (a, b):
+        sim.reset(config=True)
+    refused, invalid = "+15005550131", "+15005550132"
+    a.configure(errors={"21408": 1.0}, invalid=[invalid])  # A refuses; 21211 for `invalid`
+    b.configure(errors={"15": 1.0})  # B refuses too
+    client = redis.Redis.from_url(settings.redis.url)
+    content = {"channel": "push", "locale": "en", "template_version": 2,
+               "rendered": {"title": "Login code", "body": "Your code is 1", "subject": None,
+                            "data": {}}}  # fmt: skip
+    sms = [
+        delivery("sms", address=phone, fallback_content=[content]) for phone in (refused, invalid)
+    ]
+    tokens = [token(uuid.uuid4()) for _ in sms]
+    for d, device in zip(sms, tokens, strict=True):
+        put_devices(client, d["user_id"], [device])
+        copy = orjson.loads(client.get(keys.contact_points(d["user_id"])))
+        copy["phone"] = {"e164": d["address"], "verified": True}
+        client.set(keys.contact_points(d["user_id"]), orjson.dumps(copy))
+    job_env = {
+        **env,
+        **client_env("sms_a", a.credentials()),
+        **client_env("sms_b", b.credentials()),
+    }
+    dispatch = Job(job_env, tmp_path / "dispatch.log", ALL_TX)
+    try:
+        send(settings, SMS_TX, sms, "delivery_id")
+        events = wait_for(
+            settings, EVENTS, lambda r: len(by_state(r, "PROVIDER_ACCEPTED")) >= 2, job=dispatch
+        )
+    finally:
+        out = dispatch.stop()
+    assert_no_job_errors(out)
+    failed = by_state(events, "FAILED_PERMANENT")
+    assert failed[sms[0]["delivery_id"]]["reason"] == "status_15"
+    assert failed[sms[1]["delivery_id"]]["reason"] == "21211"
+    assert all(failed[d["delivery_id"]]["attributes"]["fallback_to"] == "push" for d in sms)
+    accepted = by_state(events, "PROVIDER_ACCEPTED")
+    assert {e["channel"] for e in accepted.values()} == {"push"}
+    assert all(accepted_for(apns, device) == 1 for device in tokens)
+    planned = [e for e in events if e["state"] == "PLANNED" and e["reason"] == "fallback"]
+    assert {e["attributes"]["from_delivery_id"] for e in planned} == {d["delivery_id"] for d in sms}
+    [devices] = read(settings, "herald.devices")  # only the rejected number is disabled
+    assert devices["user_id"] == sms[1]["user_id"] and devices["phone"] is None
+    assert [d["token"] for d in devices["devices"]] == [tokens[1]]  # push stays
+    copy = orjson.loads(client.get(keys.contact_points(sms[1]["user_id"])))
+    assert copy["phone"] is None
+    kept = orjson.loads(client.get(keys.contact_points(sms[0]["user_id"])))
+    assert kept["phone"]["e164"] == refused  # a provider's own refusal disables nothing

@@ -7,13 +7,45 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from infra.process import pid_alive, port_open
 from infra.services import BYTEWAX_JOBS
 from infra.stack import read_state
-from tests.infra.test_stack import DEV_KEY, herald, otp_travels_the_whole_pipeline
+from tests.infra.test_stack import DEV_KEY, herald
 
 USERS = [f"scale-user-{i}" for i in range(20)]
+DONE = {"PROVIDER_ACCEPTED", "DELIVERED", "OPENED", "CLICKED"}
+# 30 Bytewax processes on 2 shared cores start and drain slowly: generous, bounded waits.
+WAIT_S = 240.0
+
+
+def states_of(client: httpx.Client, nid: str) -> list[dict]:
+    return list(client.get(f"/v1/notifications/{nid}").json().get("deliveries", []))
+
+
+def otp_reaches_the_provider(api: str) -> None:
+    """API → plan (2 processes) → dispatch (2 processes) → SMS simulator → receipts."""
+    with httpx.Client(base_url=api, headers=DEV_KEY, timeout=10) as client:
+        contact = {"phone": {"e164": "+14155550177", "verified": True}}
+        assert client.put("/v1/users/scale-otp/contact-points", json=contact).status_code == 200
+        body = {
+            "request_id": "scale-otp-1",
+            "notification_type": "otp_login",
+            "recipients": {"user_ids": ["scale-otp"]},
+            "params": {"code": "551177"},
+        }
+        accepted = client.post("/v1/notifications", json=body)
+        assert accepted.status_code == 202, accepted.text
+        nid = accepted.json()["notification_id"]
+        deadline = time.monotonic() + WAIT_S
+        while time.monotonic() < deadline:
+            sms = [d for d in states_of(client, nid) if d["channel"] == "sms"]
+            if sms and sms[0]["state"] in DONE:
+                assert sms[0]["provider"] in ("sms_a", "sms_b")
+                return
+            time.sleep(1.0)
+        raise AssertionError(f"OTP not accepted by an SMS provider: {states_of(client, nid)}")
 
 
 def campaign_reaches_every_user(api: str) -> None:
@@ -28,15 +60,13 @@ def campaign_reaches_every_user(api: str) -> None:
         accepted = client.post("/v1/notifications", json=body)
         assert accepted.status_code == 202, accepted.text
         nid = accepted.json()["notification_id"]
-        done = {"PROVIDER_ACCEPTED", "DELIVERED", "OPENED", "CLICKED"}
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + WAIT_S
         while time.monotonic() < deadline:
-            status = client.get(f"/v1/notifications/{nid}").json()
-            reached = {d["user_id"] for d in status.get("deliveries", []) if d["state"] in done}
+            reached = {d["user_id"] for d in states_of(client, nid) if d["state"] in DONE}
             if reached >= set(USERS):
                 return
             time.sleep(1.0)
-        raise AssertionError(f"campaign not delivered to every user: {status}")
+        raise AssertionError(f"campaign not delivered to every user: {states_of(client, nid)}")
 
 
 def put_emails(api: str) -> None:
@@ -51,8 +81,9 @@ def cmdline(pid: int) -> list[str]:
     return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
 
 
+@pytest.mark.timeout(1200)
 def test_every_job_runs_as_two_processes_end_to_end(tmp_path: Path) -> None:
-    up = herald("up", "--detach", "--processes", "2", run_dir=tmp_path, timeout=400)
+    up = herald("up", "--detach", "--processes", "2", run_dir=tmp_path, timeout=420)
     assert up.returncode == 0, up.stdout + up.stderr
     try:
         for _ in range(15):  # a loaded machine answers some health probes slowly
@@ -72,7 +103,7 @@ def test_every_job_runs_as_two_processes_end_to_end(tmp_path: Path) -> None:
                 assert len(argv[argv.index("-a") + 1].split(";")) == 2
         api = doc["api_url"]
         put_emails(api)
-        otp_travels_the_whole_pipeline(api)
+        otp_reaches_the_provider(api)
         campaign_reaches_every_user(api)
         pids = [s["pid"] for s in services.values()]
         ports = read_state(tmp_path)["ports"].values()  # type: ignore[index]

@@ -334,6 +334,37 @@ def logs(
     print("\n".join(path.read_text(errors="replace").splitlines()[-lines:]))
 
 
+@app.command()
+def demo(
+    run_dir: RunDir = None,
+    campaign_size: Annotated[
+        int,
+        typer.Option(
+            "--campaign-size",
+            min=10,
+            help="Recipients of the demo campaign (1M takes this kind of machine tens of "
+            "minutes to drain at the email budget; the default drains in about a minute).",
+        ),
+    ] = 20_000,
+    likes: Annotated[int, typer.Option("--likes", min=4, help="Likes in the like storm.")] = 1200,
+    keep: Annotated[
+        bool, typer.Option("--keep", help="Leave a stack the demo started running.")
+    ] = False,
+) -> None:
+    """A guided tour on the embedded stack: six scenes and a summary (exit 0 if all passed).
+
+    Uses the stack running in the run directory (`make run`), or starts one and stops it after.
+    """
+    from herald.demo import run_demo
+
+    try:
+        results = run_demo(_run_dir(run_dir), campaign_size=campaign_size, likes=likes, keep=keep)
+    except HeraldError as exc:
+        err.print(f"[red]herald demo: {exc}[/]")
+        raise typer.Exit(2) from exc
+    raise typer.Exit(0 if all(r.passed for r in results) else 1)
+
+
 def _stack_settings(run_dir: Path | None) -> HeraldSettings:
     """Settings of the running embedded stack when there is one, else from the environment."""
     import os

@@ -28,6 +28,8 @@ from herald.errors import InfraError
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client as ClickHouseClient
 
+    from herald.config import HeraldSettings
+
 __all__ = [
     "DEV_API_KEY",
     "SIMULATORS",
@@ -199,6 +201,11 @@ class StackClient:
         resp = self.api.get(f"/v1/users/{user_id}/contact-points")
         return dict(_expect(resp, 200, f"contact points of {user_id}"))
 
+    def inbox(self, user_id: str, limit: int = 20) -> dict[str, Any]:
+        """GET /v1/users/{id}/inbox: newest in-app items first, with the unread count."""
+        resp = self.api.get(f"/v1/users/{user_id}/inbox", params={"limit": limit})
+        return dict(_expect(resp, 200, f"inbox of {user_id}"))
+
     # -- notifications (api/routes/notifications.py) ---------------------------------------
 
     def send(self, body: dict[str, Any]) -> str:
@@ -264,6 +271,29 @@ class StackClient:
                 raise InfraError("no ClickHouse DSN known for this stack")
             self._ch = herald_client(ClickHouseSettings(dsn=self.clickhouse_dsn))
         return self._ch
+
+    def settings(self) -> HeraldSettings:
+        """HeraldSettings reaching this stack's Kafka, registry, Redis and ClickHouse, for
+        clients that talk to them directly (producers of social events, bulk loaders)."""
+        from herald.config import (
+            ClickHouseSettings,
+            HeraldSettings,
+            KafkaSettings,
+            RedisSettings,
+            RegistrySettings,
+            RunSettings,
+        )
+
+        if self.state is None:
+            raise InfraError("this client was not made from a run directory")
+        env = self.state["env"]
+        return HeraldSettings(
+            kafka=KafkaSettings(bootstrap_servers=env["HERALD_KAFKA_BOOTSTRAP_SERVERS"]),
+            redis=RedisSettings(url=env["HERALD_REDIS_URL"]),
+            clickhouse=ClickHouseSettings(dsn=env["HERALD_CLICKHOUSE_DSN"]),
+            registry=RegistrySettings(path=Path(env["HERALD_REGISTRY_PATH"])),
+            run=RunSettings(run_dir=Path(self.state["run_dir"])),
+        )
 
     def refresh_state(self) -> dict[str, Any]:
         """Re-read state.json (the supervisor rewrites it with new pids after a restart)."""

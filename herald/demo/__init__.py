@@ -1,0 +1,11 @@
+"""`herald demo`: a guided run of the seeds' promises on the embedded stack.
+
+    herald demo [--run-dir DIR] [--campaign-size N] [--likes N] [--keep]
+
+runner.py orchestrates, scenes.py holds the six scenes, loader.py the bulk inputs that come from
+other systems (campaign audience, like storm), logic.py the pure parts, ui.py the output.
+"""
+
+from herald.demo.runner import DEFAULT_CAMPAIGN_SIZE, run_demo
+
+__all__ = ["DEFAULT_CAMPAIGN_SIZE", "run_demo"]

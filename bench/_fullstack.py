@@ -57,7 +57,10 @@ def _up(run_dir: Path, env: dict[str, str], patience: float = 360) -> None:
         return
     except RuntimeError as exc:
         if "did not become ready in time" not in str(exc):
-            raise
+            # e.g. a port taken between its allocation and the bind by another stack on a
+            # shared machine: the failed start left nothing behind; one more try
+            _herald("up", "--detach", run_dir=run_dir, env=env, timeout=300)
+            return
         failure = exc
     deadline = time.monotonic() + patience
     while time.monotonic() < deadline:

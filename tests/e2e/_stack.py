@@ -70,18 +70,35 @@ class E2EStack:
         return herald_cli(*args, run_dir=self.run_dir, timeout=timeout)
 
 
-def stack_pids(run_dir: Path) -> list[int]:
+def stack_pids(run_dir: Path) -> tuple[list[int], list[int]]:
+    """(pids of the supervisor and every component, the stack's ports) from state.json."""
     state = read_state(run_dir) or {}
     pids = [int(c["pid"]) for c in state.get("components", {}).values() if c.get("pid")]
     if state.get("supervisor_pid"):
         pids.append(int(state["supervisor_pid"]))
-    return pids
+    return pids, [int(p) for p in state.get("ports", {}).values()]
 
 
-def kill_leftovers(pids: list[int]) -> None:
-    """SIGKILL the process groups of pids still alive (each component leads its own group)."""
+def _ours(pid: int, run_dir: Path, ports: list[int]) -> bool:
+    """Whether `pid` is still a process of this stack (a pid number may have been reused by
+    an unrelated process since): its command line or environment names the run directory,
+    or (redis-server rewrites both into its title) its title names one of the stack's ports."""
+    markers = [str(run_dir).encode(), *(f"127.0.0.1:{port}".encode() for port in ports)]
+    for name in ("cmdline", "environ"):
+        try:
+            raw = Path(f"/proc/{pid}/{name}").read_bytes()
+        except OSError:
+            return False
+        if any(marker in raw for marker in markers):
+            return True
+    return False
+
+
+def kill_leftovers(pids: list[int], ports: list[int], run_dir: Path) -> None:
+    """SIGKILL the process groups of this stack's pids still alive (each component leads its
+    own group); a pid that now belongs to another process is left alone."""
     for pid in pids:
-        if pid_alive(pid):
+        if pid_alive(pid) and _ours(pid, run_dir, ports):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)
             with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -98,6 +115,6 @@ def start_stack(run_dir: Path) -> None:
         log = run_dir / "logs" / "supervisor.log"
         tail = log.read_text(errors="replace")[-3000:] if log.exists() else ""
         herald_cli("down", run_dir=run_dir, timeout=120)
-        kill_leftovers(stack_pids(run_dir))
+        kill_leftovers(*stack_pids(run_dir), run_dir)
         if attempt == 2:
             pytest.fail(f"herald up failed twice: {up.stdout}\n{up.stderr}\n{tail}")

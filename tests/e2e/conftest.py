@@ -45,21 +45,28 @@ def e2e() -> Iterator[E2EStack]:
     sessions on this machine prune pytest's numbered temp directories while this one runs."""
     run_dir = Path(tempfile.mkdtemp(prefix="herald-e2e-"))
     seen: set[int] = set()
+    ports: set[int] = set()
+
+    def remember() -> None:
+        pids, known_ports = stack_pids(run_dir)
+        seen.update(pids)
+        ports.update(known_ports)
+
     try:
         start_stack(run_dir)
         client = StackClient.from_run_dir(run_dir)
         try:
             yield E2EStack(run_dir, client)
         finally:
-            seen.update(stack_pids(run_dir))
+            remember()
             client.close()
     finally:
-        seen.update(stack_pids(run_dir))
+        remember()
         down = herald_cli("down", run_dir=run_dir, timeout=180)
         deadline = time.monotonic() + 10
         while any(pid_alive(p) for p in seen) and time.monotonic() < deadline:
             time.sleep(0.2)
-        kill_leftovers(list(seen))
+        kill_leftovers(list(seen), list(ports), run_dir)
         assert down.returncode == 0, down.stdout + down.stderr
         shutil.rmtree(run_dir, ignore_errors=True)
 

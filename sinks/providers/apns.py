@@ -18,6 +18,7 @@ Outcome map (PROVIDERS.md §6):
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 import uuid
@@ -65,11 +66,14 @@ _PLATFORM_403 = frozenset(
 )
 _UNIQUE = frozenset({"apns-id", "apns-expiration"})
 _Response = httpx.Response | H2Response
+_LOWER_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 _NAMESPACE = uuid.UUID("5f0c6b52-8d3e-4a57-9a43-6a0f3b1e2c11")
 
 
 def apns_id(delivery_id: str) -> str:
     """The apns-id for a delivery: its id if it is a UUID, else a UUIDv5 of it (stable)."""
+    if _LOWER_UUID.fullmatch(delivery_id):
+        return delivery_id  # already canonical: no parse (a hot path at 10k sends/s)
     try:
         return str(uuid.UUID(delivery_id))
     except ValueError:

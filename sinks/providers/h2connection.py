@@ -43,6 +43,7 @@ END_STREAM = ACK = 0x1
 END_HEADERS, PADDED, PRIORITY_FLAG = 0x4, 0x8, 0x20
 REFUSED_STREAM, CANCEL = 0x7, 0x8
 _MAX_STREAM_ID = 2**31 - 1
+_TICK = 0.05  # read timeouts are checked this often (one timer per connection, not per stream)
 _RECV_WINDOW = 1 << 20  # our INITIAL_WINDOW_SIZE per stream
 _CONN_RECV_WINDOW = 1 << 24  # added to the connection window at start
 _LOCAL_SETTINGS = b"".join(
@@ -82,10 +83,11 @@ class NotProcessed(Exception):
 
 
 class _Stream:
-    __slots__ = ("body", "future", "headers", "received", "send_window", "status")
+    __slots__ = ("body", "deadline", "future", "headers", "received", "send_window", "status")
 
-    def __init__(self, future: asyncio.Future[None], send_window: int) -> None:
+    def __init__(self, future: asyncio.Future[None], send_window: int, deadline: float) -> None:
         self.future = future
+        self.deadline = deadline  # loop time after which the stream is reset (ReadTimeout)
         self.status = 0
         self.headers: list[tuple[bytes, bytes]] = []
         self.body = bytearray()
@@ -117,6 +119,7 @@ class Connection(asyncio.Protocol):
         self._block_end = False
         self._out: list[bytes] = []
         self._flush_pending = False
+        self._sweeper: asyncio.TimerHandle | None = None
 
     # -- asyncio.Protocol ---------------------------------------------------------------
 
@@ -312,6 +315,9 @@ class Connection(asyncio.Protocol):
 
     def _close_transport(self) -> None:
         self.closed = True
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
         if self.transport is not None:
             self.transport.close()
 
@@ -352,7 +358,8 @@ class Connection(asyncio.Protocol):
         self._next_id += 2
         if self._next_id > _MAX_STREAM_ID:
             self.closed = True  # ids used up: the pool opens a new connection
-        stream = _Stream(loop.create_future(), self._initial_window)
+        deadline = loop.time() + read_timeout if read_timeout is not None else float("inf")
+        stream = _Stream(loop.create_future(), self._initial_window, deadline)
         self.streams[sid] = stream
         try:
             self._send_headers(sid, headers, end_stream=not body)
@@ -368,13 +375,20 @@ class Connection(asyncio.Protocol):
             else:
                 await self._send_body(sid, stream, body)
         self.flush_soon()
-        timer = loop.call_later(read_timeout, self._timeout, sid) if read_timeout else None
-        try:
-            await stream.future
-        finally:
-            if timer is not None:
-                timer.cancel()
+        if self._sweeper is None and read_timeout is not None:
+            self._sweeper = loop.call_later(_TICK, self._sweep)
+        await stream.future
         return stream
+
+    def _sweep(self) -> None:
+        """Reset the streams past their read deadline; re-arm while any stream is open."""
+        self._sweeper = None
+        now = asyncio.get_running_loop().time()
+        for sid, stream in list(self.streams.items()):
+            if stream.deadline <= now:
+                self._timeout(sid)
+        if self.streams and not (self.transport is None or self.transport.is_closing()):
+            self._sweeper = asyncio.get_running_loop().call_later(_TICK, self._sweep)
 
     def _timeout(self, sid: int) -> None:
         stream = self.streams.pop(sid, None)

@@ -105,7 +105,15 @@ class H2Transport(httpx.AsyncBaseTransport):
         log.debug("h2.connected host=%s port=%s", url.host, port)
         return conn
 
+    def _available(self) -> Connection | None:
+        """A connection with a free stream now (the hot path: no timer, no await)."""
+        for conn in self._conns:
+            if conn.has_capacity():
+                return conn
+        return None
+
     async def _acquire(self, url: httpx.URL, timeouts: Mapping[str, float | None]) -> Connection:
+        """Wait (up to the pool timeout) for a free stream, opening connections as allowed."""
         if self._capacity is None:
             self._capacity = asyncio.Event()
         try:
@@ -157,7 +165,7 @@ class H2Transport(httpx.AsyncBaseTransport):
             *headers,
         ]
         for attempt in range(2):
-            conn = await self._acquire(url, timeouts)
+            conn = self._available() or await self._acquire(url, timeouts)
             try:
                 stream = await conn.exchange(head, body, timeouts.get("read"))
             except NotProcessed:

@@ -80,7 +80,7 @@ def _post_until_accepted(
     return None, attempts, last
 
 
-def register_users(stack: StackClient, n_otp: int, n_bulk: int, threads: int = 8) -> None:
+def register_users(stack: StackClient, n_otp: int, n_bulk: int, threads: int = 16) -> None:
     """PUT the contact points of every OTP user (phone) and bulk user (email), in parallel."""
 
     def put(job: tuple[str, dict[str, str]]) -> None:
@@ -109,7 +109,7 @@ class Producer:
     bulk_users: int
     bulk_every: float = 2.0
     bulk_size: int = 10
-    workers: int = 12
+    workers: int = 32
     retry_for: float = 120.0
     accepted: list[Accepted] = field(default_factory=list)
     refused: list[tuple[str, str]] = field(default_factory=list)  # (request_id, last error)

@@ -58,8 +58,8 @@ QUICK_ORDER = ("api", "plan_transactional", "dispatch_transactional", "sim-sms_a
 DUPLICATE_WINDOW = ("dispatch_", "sim-", "redis")
 
 
-OTP_USERS = 200
-BULK_EVERY, BULK_SIZE = 2.0, 5
+OTP_USERS = 100
+BULK_EVERY, BULK_SIZE = 3.0, 4
 
 
 @contextlib.contextmanager
@@ -162,10 +162,14 @@ def running_stack(run_dir: Path) -> Iterator[Path]:
 
 def component_healthy(state: dict[str, Any], name: str) -> bool:
     """The component's own health check (infra/services.py), with the addresses of `state`."""
+    from infra.process import port_open
     from infra.services import JOBS, SERVICES, Ctx
 
     ctx = Ctx(run_dir=Path(state["run_dir"]), host=state["host"], ports=dict(state["ports"]))
     component = {c.name: c for c in SERVICES + JOBS}[name]
+    metrics = ctx.ports.get(f"metrics_{name}")
+    if metrics is not None and not port_open(ctx.host, metrics):
+        return False  # a Bytewax job: "alive" is not enough, it serves /metrics once it runs
     try:
         return bool(component.healthy(ctx))
     except Exception:
@@ -255,7 +259,7 @@ def run(
     rate: float = 20.0,
     kinds: tuple[str, ...] = KILL_ORDER,
     warmup: float = 10.0,
-    dwell: float = 4.0,
+    dwell: float = 3.0,
     restart_timeout: float = 90.0,
     settle_timeout: float = 150.0,
 ) -> FaultResult:

@@ -17,9 +17,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from bench.recovery import KILL_ORDER, FaultResult, run
 
 
+# The stack alone takes 10 s to start on an idle machine and 2 min on a loaded one; the whole
+# run is 5-8 min idle. pytest-timeout's default (300 s) would kill it without `herald down`.
+@pytest.mark.timeout(1800)
 def test_sigkill_each_process_kind_under_otp_and_bulk_load(tmp_path: Path) -> None:
     res: FaultResult = run(tmp_path / "run", rate=20.0, kinds=KILL_ORDER)
     print(res.render())

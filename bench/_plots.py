@@ -53,10 +53,14 @@ def _lines(ax: Any, plot: dict[str, Any]) -> None:
     for label, (xs, ys) in plot["data"].items():
         ax.plot(xs, ys, label=label, linewidth=1.4, marker="." if len(xs) < 40 else None)
     for label, y in (plot.get("hlines") or {}).items():
+        if y is None:
+            continue
         ax.axhline(y, linestyle="--", linewidth=1.0, color="grey" if "bound" in label else "red")
         ax.annotate(label, (0.01, y), xycoords=("axes fraction", "data"), fontsize=7,
                     va="bottom")  # fmt: skip
-    ax.set_ylim(bottom=0)
+    tops = [y for _, ys in plot["data"].values() for y in ys if y is not None]
+    tops += [y for y in (plot.get("hlines") or {}).values() if y is not None]
+    ax.set_ylim(0, max(tops, default=1) * 1.15 or 1)  # room above the highest line and label
     ax.set_ylabel(plot.get("ylabel", ""))
 
 

@@ -50,7 +50,7 @@ def _get(data: dict[str, Any], *keys: str) -> float | None:
 
 def api_accept(quick: bool = False) -> dict[str, Any]:
     """POST /v1/notifications at a fixed offered load beside a plain acks=all produce."""
-    rate, seconds = (300, 4) if quick else (2000, 20)
+    rate, seconds = (300, 4) if quick else (2000, 10)
     argv = ["--rate", str(rate), "--duration", str(seconds), "--samples"]
     data = _json_main("bench.api_accept", [*argv, "--warmup", "1" if quick else "3"])
     api, raw = data["api"], data["raw_kafka"]
@@ -95,7 +95,7 @@ def plan(quick: bool = False) -> dict[str, Any]:
     """Deliveries/s through dataflows.plan beside Kafka consume→produce of its output."""
     from bench import plan as scenario
 
-    users = 5_000 if quick else 50_000
+    users = 5_000 if quick else 30_000
     data = _fresh_stack(lambda s: scenario.run(s, users))
     base = _get(data, "baseline consume->produce rec/s")
     figs = [
@@ -116,7 +116,7 @@ def digest(quick: bool = False) -> dict[str, Any]:
     """Like events/s through dataflows.digest beside Kafka consume→produce of the same events."""
     from bench import digest as scenario
 
-    events, recipients = (50_000, 10_000) if quick else (500_000, 20_000)
+    events, recipients = (50_000, 10_000) if quick else (300_000, 20_000)
     data = _fresh_stack(lambda s: scenario.run(s, events, recipients))
     base = _get(data, "baseline consume->produce rec/s")
     figs = [
@@ -148,7 +148,7 @@ def _shaping_plot(shaping: dict[str, Any]) -> dict[str, Any]:
 def dispatch(quick: bool = False) -> dict[str, Any]:
     """Provider sends/s per channel beside the bare provider client; APNs shaping."""
     quick_argv = ["--push", "1000", "--other", "300", "--rate", "200"]
-    argv = quick_argv if quick else ["--push", "10000", "--other", "2000"]
+    argv = quick_argv if quick else ["--push", "8000", "--other", "1500"]
     data = _json_main("bench.dispatch", argv)
     figs = []
     plots: list[dict[str, Any]] = []

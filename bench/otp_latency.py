@@ -204,7 +204,7 @@ def result_of(raw: dict[str, Any]) -> dict[str, Any]:
                   details={k: v for k, v in raw.items() if k not in ("cpu",)})  # fmt: skip
 
 
-QUICK, FULL = (2_000, 8, 0.5), (20_000, 40, 0.5)  # users, OTPs per phase, seconds between OTPs
+QUICK, FULL = (2_000, 8, 0.5), (20_000, 30, 0.5)  # users, OTPs per phase, seconds between OTPs
 
 
 def result(quick: bool = False) -> dict[str, Any]:

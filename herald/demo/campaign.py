@@ -11,7 +11,10 @@ import time
 from typing import Any
 
 from herald.demo.context import SENT, Ctx, first_event, state_counts
+from herald.demo.loader import campaign_address
 from herald.demo.logic import SceneResult, rate_per_second
+
+SIMULATOR = {"push": "apns", "email": "email"}
 
 
 def otp_during_campaign(ctx: Ctx, segment_id: str, budget: float) -> SceneResult:
@@ -25,26 +28,29 @@ def otp_during_campaign(ctx: Ctx, segment_id: str, budget: float) -> SceneResult
         "Transactional traffic has its own topics, planning and dispatch "
         "jobs and a reserved provider budget, so a campaign backlog never delays an OTP.",
     )
-    email = stack.sim("email")
-    base = int(email.stats(ids=False)["accepted"])
+    channel = ctx.campaign_channel
+    provider = stack.sim(SIMULATOR[channel])
+    base = int(provider.stats(ids=False)["accepted"])
     nid = stack.send(
         {
             "request_id": f"{ctx.run_id}-campaign",
-            "notification_type": "promo_weekly",
+            "notification_type": "marketing_campaign",
+            "channels": [channel],
             "recipients": {"segment_id": segment_id},
-            "params": {"week": "demo", "highlights_url": "https://example.test/w"},
+            "params": {"headline": "Spring sale", "offer": "20% off", "cta_url": "https://x.test"},
         }
     )
     ctx.facts["campaign_nid"], ctx.facts["campaign_base"] = nid, base
-    ui.step(f"campaign {nid} accepted for segment {segment_id} ({n:,} users, email)")
+    ui.step(f"campaign {nid} accepted for segment {segment_id} ({n:,} users, {channel})")
     samples: list[tuple[float, int]] = []
 
     def draining() -> int | None:
-        sent = int(email.stats(ids=False)["accepted"]) - base
+        sent = int(provider.stats(ids=False)["accepted"]) - base
         samples.append((time.monotonic(), sent))
         return sent if sent > 0 else None
 
     ui.wait("waiting for the campaign to start draining", draining, timeout=180)
+    ctx.facts["campaign_first_sent"] = samples[-1]
     unsubscribe_tail(ctx)
     phone, user = ctx.facts["otp_phone"], ctx.user("otp")
     sms_stats = {p: stack.sim(p) for p in ("sms_a", "sms_b")}
@@ -86,8 +92,8 @@ def otp_during_campaign(ctx: Ctx, segment_id: str, budget: float) -> SceneResult
         f"{seen * 1000:.0f} ms as seen from here (API call → simulator)"
     )
     ui.saw(
-        f"campaign meanwhile: {sent:,} of {n:,} emails sent, {rate:,.0f}/s "
-        f"(bulk budget of the email provider: {budget:,.0f}/s)"
+        f"campaign meanwhile: {sent:,} of {n:,} {channel} messages sent, {rate:,.0f}/s "
+        f"(bulk budget of {SIMULATOR[channel]}: {budget:,.0f}/s)"
     )
     result.figures = {
         "otp_ms": herald_ms,
@@ -141,18 +147,23 @@ def unsubscribe_honoured(ctx: Ctx) -> SceneResult:
         timeout=max(120.0, ctx.campaign_size / 100),
         interval=1.0,
     )
-    addresses = stack.sim("email").stats(ids=True)["accepted_ids"]
-    mailed = [u for u in users if f"{u}@example.test" in addresses]
-    sent = int(stack.sim("email").stats(ids=False)["accepted"]) - ctx.facts["campaign_base"]
+    provider = stack.sim(SIMULATOR[ctx.campaign_channel])
+    addresses = provider.stats(ids=True)["accepted_ids"]
+    mailed = [u for u in users if campaign_address(u, ctx.campaign_channel) in addresses]
+    sent = int(provider.stats(ids=False)["accepted"]) - ctx.facts["campaign_base"]
     for user, event in found.items():
         ui.saw(f"{user}: {event['state']} ({event['reason']})")
-    ui.saw(f"emails to them at the provider: {len(mailed)}; campaign emails sent so far: {sent:,}")
+    overall = rate_per_second([ctx.facts["campaign_first_sent"], (time.monotonic(), sent)])
+    ui.saw(
+        f"messages to them at the provider: {len(mailed)}; campaign sent so far: {sent:,} "
+        f"of {ctx.campaign_size:,} ({overall:,.0f}/s since its first message)"
+    )
     ui.saw(f"campaign deliveries by current state: {state_counts(stack, nid)}")
     suppressed = all(e["state"] == "SUPPRESSED" for e in found.values())
     reasons = sorted({str(e["reason"]) for e in found.values()})
     if suppressed and not mailed:
         return result.ok(
             f"{len(users)} users unsubscribed mid-campaign: all SUPPRESSED "
-            f"({', '.join(reasons)}), 0 emails to them; {sent:,} others sent"
+            f"({', '.join(reasons)}), 0 messages to them; {sent:,} others sent"
         )
     return result.fail(f"outcomes {[e['state'] for e in found.values()]}, {len(mailed)} mailed")

@@ -33,6 +33,7 @@ class Ctx:
     run_id: str
     campaign_size: int
     likes: int
+    campaign_channel: str = "push"
     users: dict[str, str] = field(default_factory=dict)
     facts: dict[str, Any] = field(default_factory=dict)
 

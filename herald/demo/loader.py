@@ -1,8 +1,8 @@
 """Bulk inputs of `herald demo` that a real deployment gets from other systems, not the API.
 
-- a campaign audience: N users' contact points on the `herald.devices` changelog (as a user
-  service's bulk import would publish them) and the segment snapshot in ClickHouse
-  `segment_members` (as a segmentation job would write it);
+- a campaign audience: N users' contact points (an iPhone each, or an email address) on the
+  `herald.devices` changelog (as a user service's bulk import would publish them) and the
+  segment snapshot in ClickHouse `segment_members` (as a segmentation job would write it);
 - a like storm: social events on `herald.social-events`, through `HeraldProducer`, the upstream
   client every producing service uses.
 
@@ -11,6 +11,7 @@ Each writer waits for the broker's acknowledgement (acks=all) before returning.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from typing import Any
@@ -23,7 +24,7 @@ from herald.producer import PRODUCER_CONFIG, HeraldProducer
 from schemas.registry import make_registry
 from sinks.kafka import topic_serializer
 
-__all__ = ["campaign_user", "load_audience", "publish_events"]
+__all__ = ["campaign_address", "campaign_user", "load_audience", "publish_events"]
 
 Progress = Callable[[int], None]
 CONTACTS_TOPIC = "herald.devices"
@@ -34,20 +35,26 @@ def campaign_user(run_id: str, i: int) -> str:
     return f"{run_id}-c{i:07d}"
 
 
-def _contact_points(run_id: str, count: int) -> Iterable[tuple[str, dict[str, Any]]]:
+def campaign_address(user: str, channel: str) -> str:
+    """Where a campaign user is reached: an APNs token (64 hex) for push, else an address."""
+    if channel == "push":
+        return hashlib.sha256(user.encode()).hexdigest()
+    return f"{user}@example.test"
+
+
+def _contact_points(run_id: str, count: int, channel: str) -> Iterable[tuple[str, dict[str, Any]]]:
     now = datetime.now(UTC)
     for i in range(count):
         user = campaign_user(run_id, i)
-        yield (
-            user,
-            {
-                "user_id": user,
-                "devices": [],
-                "email": {"address": f"{user}@example.test", "verified": True},
-                "updated_at": now,
-                "version": 1,
-            },
-        )
+        address = campaign_address(user, channel)
+        record: dict[str, Any] = {"user_id": user, "updated_at": now, "version": 1}
+        if channel == "push":
+            device = {"device_id": f"{user}-iphone", "platform": "apns", "token": address,
+                      "registered_at": now, "valid": True}  # fmt: skip
+            record |= {"devices": [device], "email": None}
+        else:
+            record |= {"devices": [], "email": {"address": address, "verified": True}}
+        yield user, record
 
 
 def load_audience(
@@ -56,9 +63,10 @@ def load_audience(
     run_id: str,
     segment_id: str,
     count: int,
+    channel: str,
     progress: Progress | None = None,
 ) -> None:
-    """Publish `count` users' contact points (email only), then write the segment snapshot."""
+    """Publish `count` users' contact points (`channel` only), then the segment snapshot."""
     encode = topic_serializer(settings.kafka, make_registry(settings.registry), CONTACTS_TOPIC)
     producer = Producer({**settings.kafka.client_config(), **PRODUCER_CONFIG})
     physical = settings.kafka.topic(CONTACTS_TOPIC)
@@ -68,7 +76,7 @@ def load_audience(
         if err is not None:
             errors.append(str(err))
 
-    for n, (user, record) in enumerate(_contact_points(run_id, count), start=1):
+    for n, (user, record) in enumerate(_contact_points(run_id, count, channel), start=1):
         value = encode(record)
         while True:
             try:

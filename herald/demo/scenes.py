@@ -160,13 +160,19 @@ def dead_token(ctx: Ctx) -> SceneResult:
             devices = stack.contact_points(user)["devices"]
             return devices if len(devices) == 1 else None
 
-        devices = ui.wait("waiting for the dead token to be removed", devices_left, timeout=60)
-        stack.wait_for(nid, "push", SENT, timeout=60)
+        def live_served() -> bool | None:
+            return True if apns.stats(ids=True)["accepted_ids"].get(alive) else None
+
+        devices = ui.wait("waiting for the dead token to be removed", devices_left, timeout=120)
+        ui.wait("waiting for the other iPhone's push at APNs", live_served, timeout=120)
+        dead_event = first_event(stack, nid, ("FAILED_PERMANENT",), user, "push")
     finally:
         apns.configure({"unregistered": saved})
     ids = apns.stats(ids=True)["accepted_ids"]
     got_live, got_dead = len(ids.get(alive, [])), len(ids.get(dead, []))
     left = devices[0]["device_id"]
+    if dead_event is not None:
+        ui.saw(f"the dead token's delivery: FAILED_PERMANENT ({dead_event['reason']})")
     ui.saw(
         f"devices of {user} now: 1 ({left}); APNs accepted {got_live} for the live token, "
         f"{got_dead} for the dead one"

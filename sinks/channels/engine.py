@@ -313,6 +313,8 @@ class Dispatcher:
         if fb.to is None:
             return False  # keep waiting for a provider of this channel
         if isinstance(action, PausePlatform):
+            log.error("dispatch.provider_paused provider=%s reason=%s pause_s=%.0f",
+                      action.provider, action.reason, action.pause_s)  # fmt: skip
             self.breaker.trip(action.provider, action.reason, action.pause_s)
         made = it.attempt if outcome is not None else it.attempt - 1
         out.events.append(event(it.delivery, State.FAILED_PERMANENT, attempt=made, now=now,

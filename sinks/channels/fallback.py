@@ -15,6 +15,7 @@ A push delivery is one device: it falls back only when the user has no other val
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime
 from typing import Any
 
@@ -25,6 +26,8 @@ from sinks.channels.contacts import ContactStore
 from sinks.channels.work import Outputs
 
 __all__ = ["FallbackRouter", "ends", "unusable"]
+
+log = logging.getLogger(__name__)
 
 
 def unusable(action: Action) -> str | None:
@@ -55,12 +58,15 @@ class FallbackRouter:
         prefs, record = self.contacts.reachability(delivery["user_id"])
         if delivery["channel"] == "push" and _other_device(record, delivery.get("address")):
             return Fallback(skipped=[("*", "other_devices")])
-        return fall_back(
+        fb = fall_back(
             delivery, cause, nt=self.catalog.types.get(delivery["notification_type"]),
             prefs=prefs, contacts=record, now=now,
             quiet_channels=frozenset(self.catalog.quiet_hours_channels),
             default_timezone=self.catalog.default_timezone,
         )  # fmt: skip
+        log.info("dispatch.fallback from=%s to=%s cause=%s skipped=%s", delivery["channel"],
+                 fb.to, cause, fb.source_attributes.get("fallback_skipped", ""))  # fmt: skip
+        return fb
 
     @staticmethod
     def emit(fb: Fallback, out: Outputs) -> None:

@@ -7,6 +7,9 @@
 - `POST /v1/projects/{project}/messages:send` with `Authorization: Bearer <access token>` →
   200 `{"name": "projects/{p}/messages/{id}"}` or the google.rpc error shape with an FcmError
   detail (PROVIDERS.md §2). Error kinds: the FCM errorCodes below.
+- A device shows one notification per `android.notification.tag`: a message whose (token, tag)
+  was already shown replaces it, counted as `android_tag_replaced` in `/_admin/stats`
+  (`android_tagged` counts tagged messages).
 """
 
 from __future__ import annotations
@@ -108,6 +111,7 @@ class FcmSimulator(Simulator):
         if not self.config.service_accounts:
             self._generate_account()
         self._access: dict[str, tuple[float, str]] = {}
+        self._tags: set[tuple[str, str]] = set()  # (token, tag) shown on a device
         self.on_config(self.config)
 
     def _generate_account(self) -> None:
@@ -201,6 +205,19 @@ class FcmSimulator(Simulator):
             )
         return None
 
+    def _shown(self, target: str, message: dict[str, Any]) -> None:
+        """Count a tagged notification and whether it replaced one with the same tag."""
+        tag = ((message.get("android") or {}).get("notification") or {}).get("tag")
+        if not tag:
+            return
+        self.stats.extra["android_tagged"] += 1
+        if (target, tag) in self._tags:
+            self.stats.extra["android_tag_replaced"] += 1
+            return
+        if len(self._tags) >= 100_000:
+            self._tags.clear()  # bounded: old devices' tags are forgotten
+        self._tags.add((target, tag))
+
     def _validate(self, body: bytes) -> tuple[dict[str, Any], str] | str:
         """(message, target) or an INVALID_ARGUMENT message."""
         try:
@@ -221,6 +238,9 @@ class FcmSimulator(Simulator):
             return "Invalid value at 'message.android.ttl'."
         if android.get("priority", "NORMAL") not in ("NORMAL", "HIGH"):
             return "Invalid value at 'message.android.priority'."
+        notification = android.get("notification", {})
+        if not isinstance(notification, dict) or not isinstance(notification.get("tag", ""), str):
+            return "Invalid value at 'message.android.notification'."
         if len(orjson.dumps(message)) > 4096:
             return "Message is too big"
         return message, str(message[targets[0]])
@@ -263,6 +283,7 @@ class FcmSimulator(Simulator):
         msg_id = f"0:{time.time_ns() // 1000}%{random_hex(8)}"
         ref = (message.get("data") or {}).get("delivery_id")
         stats.accept(target, msg_id, ref, self.config.record_ids)
+        self._shown(target, message)
         if faults.hang():
             return HANG
         return json_response(200, {"name": name + msg_id})

@@ -103,8 +103,12 @@ class FcmClient(ProviderClient):
         if expire is not None:
             android["ttl"] = f"{max(0, int(expire - time.time()))}s"
         if delivery.get("collapse_key"):
-            android["collapse_key"] = str(delivery["collapse_key"])
-            message["apns"] = {"headers": {"apns-collapse-id": str(delivery["collapse_key"])}}
+            key = str(delivery["collapse_key"])
+            # collapse_key collapses queued messages; the notification tag replaces the one
+            # already shown on the device (Android), as apns-collapse-id does on iOS.
+            android["collapse_key"] = key
+            android["notification"] = {"tag": key}
+            message["apns"] = {"headers": {"apns-collapse-id": key}}
         message["android"] = android
         return {"message": message}
 

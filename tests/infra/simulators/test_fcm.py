@@ -75,6 +75,7 @@ def test_unauthenticated_and_wrong_project(fcm: RunningSimulator) -> None:
         {"token": "t", "data": {"n": 1}},
         {"token": "t", "android": {"ttl": "1 hour"}},
         {"token": "t", "data": {"blob": "x" * 5000}},
+        {"token": "t", "android": {"notification": {"tag": 7}}},
     ],
 )
 def test_invalid_argument(fcm: RunningSimulator, message: dict[str, Any]) -> None:

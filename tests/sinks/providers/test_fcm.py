@@ -141,3 +141,19 @@ def test_message_shape(fcm: RunningSimulator) -> None:
     assert message["android"]["priority"] == "HIGH"
     assert 590 <= int(message["android"]["ttl"].rstrip("s")) <= 600
     assert message["apns"]["headers"]["apns-collapse-id"] == "c-1"
+    assert message["android"]["notification"] == {"tag": "c-1"}
+
+
+def test_collapse_key_tags_the_android_notification(fcm: RunningSimulator) -> None:
+    """Same collapse key → the simulated device replaces the shown notification (same tag)."""
+    token = f"tok-{time.time_ns()}"
+    records = [delivery(token, collapse_key=k) for k in ("score", "score", "news")]
+
+    async def body(client: ProviderClient) -> list[Outcome]:
+        return [await client.send(r) for r in records]
+
+    outcomes = send_with(lambda: FcmClient(fcm_config(fcm)), body)
+    assert all(isinstance(o, Accepted) for o in outcomes)
+    stats = fcm.stats(ids=False)
+    assert stats["android_tagged"] == 3
+    assert stats["android_tag_replaced"] == 1

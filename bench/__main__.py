@@ -82,8 +82,7 @@ def run_child(name: str, quick: bool, out: Path, timeout: float) -> dict[str, An
     run: dict[str, Any] = {"seconds": seconds, "result": None, "error": "", "pngs": []}
     if code == 0 and result_path.exists():
         run["result"] = json.loads(result_path.read_text())
-        run["status"] = "ok"
-        result_path.unlink()
+        run["status"] = "ok"  # the raw result stays beside the report (.NAME.json)
     else:
         run["status"] = f"failed (exit {code})"
         run["error"] = output[-3000:]

@@ -113,8 +113,10 @@ class BucketLogic(op.StatefulBatchLogic[ScheduledEntry, ScheduledEntry, bytes]):
         return due, len(self.bucket) == 0
 
     def notify_at(self) -> datetime | None:
-        """The earliest pending release."""
-        return self.bucket.next_release()
+        """The earliest pending release, on the system clock: Bytewax compares it with the
+        system time, the bucket holds job-clock instants (they differ by the test-only offset)."""
+        release = self.bucket.next_release()
+        return None if release is None else release - self.clock.offset
 
     def snapshot(self) -> bytes:
         """The bucket, pickled now."""

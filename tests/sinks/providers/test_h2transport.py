@@ -72,3 +72,19 @@ def test_httpcore_transport_option_still_works(apns: RunningSimulator) -> None:
 
     outcomes = send_with(lambda: ApnsClient(apns_config(apns, transport="httpcore")), body)
     assert all(isinstance(o, Accepted) for o in outcomes)
+
+
+def test_bodies_larger_than_the_flow_control_windows(apns: RunningSimulator) -> None:
+    """Bodies above the initial 64 KiB windows go out in DATA frames as WINDOW_UPDATEs arrive."""
+
+    async def go() -> list[httpx.Response]:
+        ctx = ssl.create_default_context(cafile=str(apns.ca_path))
+        async with httpx.AsyncClient(transport=H2Transport(verify=ctx)) as client:
+            url = f"{apns.base_url}/3/device/{'ab' * 32}"
+            posts = (client.post(url, content=bytes([i]) * 200_000) for i in range(4))
+            return list(await asyncio.gather(*posts))
+
+    responses = run(go())
+    # The simulator reads the whole body before answering (no provider token here).
+    assert [r.status_code for r in responses] == [403] * 4
+    assert all(r.json() == {"reason": "MissingProviderToken"} for r in responses)

@@ -52,12 +52,23 @@ def apns_token() -> str:
     return secrets.token_hex(32)
 
 
-def events_of(stack: StackClient, notification_id: str) -> list[dict[str, Any]]:
-    """Every delivery event of a notification in ClickHouse, oldest first, copies collapsed."""
+def events_of(
+    stack: StackClient,
+    notification_id: str,
+    user_id: str | None = None,
+    states: tuple[str, ...] | None = None,
+) -> list[dict[str, Any]]:
+    """Delivery events of a notification in ClickHouse (of one user, in `states`), oldest
+    first, copies collapsed."""
+    where = "notification_id = {n:String}"
+    if user_id is not None:
+        where += " AND user_id = {u:String}"
+    if states is not None:
+        where += " AND state IN {s:Array(String)}"
     result = stack.clickhouse().query(
         "SELECT user_id, channel, state, reason, provider, latency_ms, occurred_at "
-        "FROM delivery_events FINAL WHERE notification_id = {n:String} ORDER BY occurred_at",
-        parameters={"n": notification_id},
+        f"FROM delivery_events FINAL WHERE {where} ORDER BY occurred_at",
+        parameters={"n": notification_id, "u": user_id or "", "s": list(states or ())},
     )
     return [dict(zip(result.column_names, row, strict=True)) for row in result.result_rows]
 
@@ -70,12 +81,8 @@ def first_event(
     channel: str | None = None,
 ) -> dict[str, Any] | None:
     """The first event of the notification in one of `states` (for `user_id`, on `channel`)."""
-    for event in events_of(stack, notification_id):
-        if event["state"] not in states:
-            continue
-        if (user_id is None or event["user_id"] == user_id) and (
-            channel is None or event["channel"] == channel
-        ):
+    for event in events_of(stack, notification_id, user_id, states):
+        if channel is None or event["channel"] == channel:
             return event
     return None
 

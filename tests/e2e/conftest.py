@@ -17,6 +17,11 @@ observable within seconds instead of minutes; none changes what is being checked
 - the FCM budget 800/s: the bulk flood is shaped to a rate the test can check at the simulator;
 - circuit breakers need 100k calls in their window: injected error rates test retries and
   spread, not the breaker (tested in tests/sinks).
+
+`pool` hands out users onboarded once through the API (tests/e2e/_helpers.py `UserPool`).
+Modules run in name order; the load scenarios (test_acceptance_under_load.py) come last, so a
+flood still draining cannot delay another test's bulk send. Each scenario prints its figures
+(`pytest -s`).
 """
 
 from __future__ import annotations

@@ -67,6 +67,10 @@ def run_child(name: str, quick: bool, out: Path, timeout: float) -> dict[str, An
     try:
         output, _ = proc.communicate(timeout=timeout)
         code = proc.returncode
+    except KeyboardInterrupt:
+        os.killpg(proc.pid, signal.SIGTERM)  # the child's `finally` stops its stacks
+        proc.communicate(timeout=150)
+        raise
     except subprocess.TimeoutExpired:
         # SIGTERM first: the child turns it into SystemExit, so its `finally` blocks stop the
         # stacks it started (`herald down`); only then the whole process group goes.
@@ -128,6 +132,28 @@ def main(argv: list[str] | None = None) -> int:
         old.unlink()
     started = datetime.now(UTC)
     runs: dict[str, dict[str, Any]] = {}
+    # SIGTERM (e.g. `kill PID` of a run that must end): the running child is stopped by its own
+    # SIGTERM handling (run_child), the rest is reported "not run"
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        _run_all(args, out, runs, started)
+    except KeyboardInterrupt:
+        for name in args.scenarios or list(SCENARIOS):
+            runs.setdefault(name, {"status": "not run (the run was interrupted)", "seconds": 0,
+                                   "result": None, "error": "", "pngs": []})  # fmt: skip
+    _write(out, runs, args.quick, started)
+    print(f"report: {out / 'REPORT.md'}")
+    return 0 if all(r["status"] == "ok" or "not run" in r["status"] for r in runs.values()) else 1
+
+
+def _interrupt(*_: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _run_all(
+    args: argparse.Namespace, out: Path, runs: dict[str, dict[str, Any]], started: datetime
+) -> None:
+    """Each scenario in turn; the report is rewritten after each (a partial run reports)."""
     for name in args.scenarios or list(SCENARIOS):
         module = OPTIONAL.get(name)
         if module and importlib.util.find_spec(module) is None:
@@ -136,14 +162,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"== {name}: not run ({module} is not present)", flush=True)
             continue
         print(f"== {name} …", flush=True)
-        target, timeout = SCENARIOS[name]
+        timeout = SCENARIOS[name][1]
         runs[name] = run = run_child(name, args.quick, out, timeout)
         draw(name, run, out)
         print(f"   {run['status']} in {run['seconds']:.0f}s", flush=True)
-        _write(out, runs, args.quick, started)  # after each scenario: a partial run reports
-    _write(out, runs, args.quick, started)
-    print(f"report: {out / 'REPORT.md'}")
-    return 0 if all(r["status"] == "ok" or "not run" in r["status"] for r in runs.values()) else 1
+        _write(out, runs, args.quick, started)
 
 
 if __name__ == "__main__":

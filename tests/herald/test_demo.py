@@ -120,4 +120,5 @@ def test_demo_on_a_full_stack_passes_every_scene(tmp_path: Path) -> None:
     for scene in range(1, 7):
         assert re.search(rf"│ {scene} │[^│]*│ passed", text), text
     assert "1,197 others liked your post" in text
+    assert re.search(r"OTP [\d,]+ ms accept→provider \(target < 2 s: (met|MISSED)", text), text
     assert read_state(tmp_path) is None  # the stack the demo started is gone

@@ -291,6 +291,9 @@ class Dispatcher:
             out.cleanups.append((it.delivery["user_id"], address))
         elif fx.cleanup_token and address and channel in ("sms", "email"):
             out.disables.append((it.delivery["user_id"], channel, address))
+            fx.events[-1]["attributes"]["address_disabled"] = (
+                "phone" if channel == "sms" else "email"
+            )
         if fx.dead_letter is not None and fx.retry is not None:
             out.dead_letters.append(DeadLetterOut(it.message, fx.retry, fx.dead_letter))
         elif fx.retry is not None:

@@ -150,12 +150,16 @@ def test_invalid_number_disables_the_phone_and_push_still_serves(fresh: dict, ur
         out = h.run([d])
         assert states(out, d["delivery_id"])[-1] == ("FAILED_PERMANENT", "21211")
         assert out.disables == [(d["user_id"], "sms", phone)]
+        assert out.events[-2]["attributes"]["address_disabled"] == "phone"
         assert fresh["sms_b"].stats()["requests"] == 0  # B would refuse the number too
         result = h.contacts.disable_address(
             d["user_id"], "sms", phone, lambda _u, rec: published.append(rec), now()
         )
+        again = h.contacts.disable_address(
+            d["user_id"], "sms", phone, lambda _u, rec: published.append(rec), now()
+        )
         h.run(out.deliveries)
-    assert result == "removed"
+    assert (result, again) == ("removed", "absent")  # a replay changes nothing
     [record] = published
     assert record["phone"] is None and record["version"] == copy["version"] + 1
     assert [dev["token"] for dev in record["devices"]] == [device]  # other channels stay

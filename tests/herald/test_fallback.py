@@ -5,11 +5,16 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from fastavro.validation import validate
+
 from herald import ids
 from herald.catalog import load_catalog
 from herald.fallback import cross_channel_steps, fall_back
-from herald.policy import Preferences
+from herald.plan_records import Renderer, plan_user, user_records
+from herald.planning import UserView, admit_request
+from herald.policy import ContactPoints, Preferences
 from herald.quiet_hours import QuietWindow
+from schemas import load_schema
 
 CATALOG = load_catalog()
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -117,3 +122,24 @@ def test_unverified_phone_only_for_types_that_allow_it() -> None:
     fb = run(push, cp=contacts(phone={**phone, "verified": True}))
     assert fb.to == "sms" and fb.deliveries[0]["provider"] == "sms_a"
     assert fb.deliveries[0]["delivery_id"] == ids.delivery_id("n-1", "u-1", "sms")
+
+
+def test_plan_renders_the_fallback_channels_content_and_it_is_valid_avro() -> None:
+    rec = {
+        "notification_id": "n-1", "request_id": "r-1", "tenant_id": "acme",
+        "notification_type": "otp_login", "traffic_class": "transactional",
+        "recipients": {"user_ids": ["u-1"], "segment_id": None},
+        "params": {"code": "123456"}, "accepted_at": NOW, "source": "api", "locale": "de",
+    }  # fmt: skip
+    request = admit_request(rec, CATALOG, "t:0:1")
+    view = UserView("u-1", None, Preferences("u-1"),
+                    ContactPoints("u-1", phone="+15005550006", phone_verified=True))  # fmt: skip
+    decisions = plan_user(CATALOG, request, view, NOW)
+    out, rejected = user_records(Renderer(CATALOG), request, view, decisions, NOW)
+    assert rejected == []
+    [sms_delivery] = [o.value for o in out if o.topic == "herald.deliveries.sms.transactional"]
+    assert sms_delivery["fallback"] == ["sms:sms_b", "push"]
+    [push] = sms_delivery["fallback_content"]
+    assert (push["channel"], push["locale"]) == ("push", "de")
+    assert push["rendered"]["body"] == "Ihr Anmeldecode lautet 123456"
+    assert validate(sms_delivery, load_schema("delivery"), raise_errors=True)

@@ -1,7 +1,9 @@
 """digest: social events -> one notification request per closed (recipient, type, object) window.
 
     herald.social-events (Avro social_event, key = recipient_id)
-        -> keyed by (recipient, catalog digest type, object), windows per herald.digest
+        -> decoded (dataflows/digest_decode.py), grouped per batch into SHARDS recipient shards
+        -> per shard (herald/digest_shard.py): keyed by (recipient, catalog digest type,
+           object), windows per herald.digest
         -> one notification_request per closed window on herald.requests.{class of the type}
            (source "digest", request_id = window id, notification_id = f(tenant, window id))
     undecodable records and unknown event types -> herald.dead-letters; the job keeps going
@@ -24,18 +26,23 @@ notification_id, and the plan job's request dedup drops the copy. Upstream event
 deduplicated per key (`DigestState.seen_events`), across restarts too: the state is snapshotted.
 
 State TTL: a key's state is discarded `digest_idle_ttl_seconds` after its last window closed
-(timer), so idle recipients cost nothing; an event after that opens a fresh state.
+(timer), so idle recipients cost nothing; an event after that opens a fresh state. A shard left
+without keys is discarded too.
+
+Throughput: Bytewax state is per shard, not per key, so the per-item costs of Bytewax (a call
+into the key's logic, its timer, its snapshot each epoch) are paid per shard per batch; the
+per-event path is one generated decoder call and one `DigestState.fold`, with times as epoch
+milliseconds. A snapshot holds a shard's keys (only shards touched in the epoch are written).
 """
 
 from __future__ import annotations
 
 import logging
-import pickle
 from collections.abc import Callable
-from dataclasses import fields
-from datetime import datetime, timedelta
+from datetime import datetime
 from functools import partial
 from typing import Any, TypeGuard, cast
+from zlib import crc32
 
 import bytewax.operators as op
 from bytewax.dataflow import Dataflow, Stream
@@ -44,20 +51,14 @@ from dataflows._common import produce_with_dead_letters
 from dataflows._encode import Encoder
 from dataflows._metrics import CountOutputs
 from dataflows._settings import Clock, PlanningSettings, entry_settings
+from dataflows.digest_decode import Decoded, SocialEventDecoder
 from herald.catalog import Catalog, load_catalog
 from herald.config import HeraldSettings
-from herald.digest import (
-    DigestKey,
-    DigestState,
-    DigestWindow,
-    SocialEvent,
-    notification_request,
-    step,
-)
+from herald.digest import DigestWindow, from_ms, notification_request, to_ms
+from herald.digest_shard import DigestShard, EventItem
 from herald.errors import SerdeError
 from herald.plan_records import Output
 from schemas.registry import make_registry
-from schemas.serde import AvroDeserializer
 from sinks.kafka import KafkaProducerSink, KafkaRecord
 from sources.kafka import KafkaMessage, KafkaSource
 
@@ -67,104 +68,116 @@ log = logging.getLogger(__name__)
 
 JOB = "digest"
 EVENTS_TOPIC = "herald.social-events"
+# Recipients are spread over this many shards (Bytewax state keys). Changing it moves keys
+# between shards: a state migration, like renaming the `shard_windows` step.
+SHARDS = 64
 
 
 class EventParser:
-    """A batch of raw records -> `(digest key, SocialEvent)` items, or dead letters.
+    """A batch of raw records -> `(shard, [EventItem, ...])` groups, or dead letters.
 
-    Decoding, validation and keying in one batch step (one Python call per batch, not three
-    per event). Reasons: the serde codes, and `unknown_event_type` for an event type no
+    Decoding, validation, keying and sharding in one batch step: Bytewax then handles one
+    item per shard per batch instead of one per event. A recipient's shard is a stable hash
+    of its id (the same in every process), so all its keys live in one shard wherever the
+    record was read. Reasons: the serde codes, and `unknown_event_type` for an event type no
     catalog digest handles.
     """
 
-    def __init__(self, catalog: Catalog, deserializer: Callable[[bytes | None], dict[str, Any]]):
-        self.deserializer = deserializer
+    def __init__(
+        self,
+        catalog: Catalog,
+        decoder: Callable[[bytes | None], Decoded],
+        shards: int = SHARDS,
+    ) -> None:
+        self.decoder = decoder
         self.types = {
             nt.digest.event_type: nt.name for nt in catalog.types.values() if nt.digest is not None
         }
+        self.shards = shards
+        self.names = [shard_name(i) for i in range(shards)]
 
-    def __call__(self, batch: list[KafkaMessage]) -> list[tuple[str, SocialEvent] | dict[str, Any]]:
-        out: list[tuple[str, SocialEvent] | dict[str, Any]] = []
-        decode, types = self.deserializer, self.types
+    def __call__(
+        self, batch: list[KafkaMessage]
+    ) -> list[tuple[str, list[EventItem]] | dict[str, Any]]:
+        out: list[tuple[str, list[EventItem]] | dict[str, Any]] = []
+        groups: dict[int, list[EventItem]] = {}
+        decode, types, shards = self.decoder, self.types, self.shards
         for msg in batch:
             try:
-                rec = decode(msg.value)
+                event_id, kind, actor, name, recipient, obj, obj_type, at, tenant = decode(
+                    msg.value
+                )
             except SerdeError as exc:
                 out.append(msg.dead_letter(exc.reason, exc.detail, JOB))
                 continue
-            type_name = types.get(rec["event_type"])
+            type_name = types.get(kind)
             if type_name is None:
                 log.warning("digest.unknown_event_type offset=%d", msg.offset)
-                detail = f"no digest type for {rec['event_type']!r}"
-                out.append(msg.dead_letter("unknown_event_type", detail, JOB))
+                out.append(
+                    msg.dead_letter("unknown_event_type", f"no digest type for {kind!r}", JOB)
+                )
                 continue
-            event = SocialEvent.from_record(rec)
-            key = DigestKey(event.recipient_id, type_name, event.object_id or "")
-            out.append((key.as_str(), event))
+            item = (
+                (recipient, type_name, obj or ""),
+                event_id,
+                actor,
+                name or actor,
+                at,
+                tenant,
+                obj_type,
+            )
+            shard = crc32(recipient.encode()) % shards
+            group = groups.get(shard)
+            if group is None:
+                groups[shard] = [item]
+            else:
+                group.append(item)
+        out.extend((self.names[shard], group) for shard, group in groups.items())
         return out
 
 
-class DigestLogic(op.StatefulBatchLogic[SocialEvent, DigestWindow, bytes]):
-    """One digest key: fold events (herald.digest.step), close windows on the timer, expire."""
+def shard_name(index: int) -> str:
+    """The Bytewax state key of shard `index`."""
+    return f"shard-{index:03d}"
+
+
+class DigestLogic(op.StatefulBatchLogic[list[EventItem], DigestWindow, bytes]):
+    """One shard of digest keys (herald.digest_shard): fold event groups, close on the timer."""
 
     def __init__(
         self, catalog: Catalog, clock: Clock, grace: float, ttl: float, resume: bytes | None
     ) -> None:
-        self.catalog = catalog
         self.clock = clock
-        self.grace = timedelta(seconds=grace)
-        self.ttl = timedelta(seconds=ttl)
-        self.state = _restore(resume, catalog) if resume else None
-        self.seen_at: datetime | None = None  # job time of the last event (not snapshotted)
+        grace_ms, ttl_ms = round(grace * 1000), round(ttl * 1000)
+        if resume is None:
+            self.shard = DigestShard(catalog, grace_ms, ttl_ms)
+        else:
+            self.shard = DigestShard.restore(resume, catalog, grace_ms, ttl_ms)
 
-    def on_batch(self, values: list[SocialEvent]) -> tuple[list[DigestWindow], bool]:
-        """Fold the events in order (an event past the window's end closes it); the timer does
-        the rest, so no clock is read here."""
+    def on_batch(self, values: list[list[EventItem]]) -> tuple[list[DigestWindow], bool]:
+        """Fold the groups in order (an event past its window's end closes it); the timer does
+        the rest. The job clock is read once per batch: it only dates arrivals."""
+        now = to_ms(self.clock.now())
         out: list[DigestWindow] = []
-        state = self.state
-        for event in values:
-            state, closed = step(state, event, self.catalog)
-            out.extend(closed)
-        self.state = state
-        self.seen_at = self.clock.now()
+        for events in values:
+            out.extend(self.shard.add(events, now))
         _log_closed(out)
         return out, op.StatefulBatchLogic.RETAIN
 
     def on_notify(self) -> tuple[list[DigestWindow], bool]:
-        """The timer: close the open window if due, discard the state if idle long enough."""
-        state = self.state
-        if state is None:
-            return [], op.StatefulBatchLogic.DISCARD
-        now = self.clock.now()
-        out: list[DigestWindow] = []
-        if state.should_close(now - self.grace) and not self._settling(now):
-            window = state.close()
-            if window is not None:
-                out.append(window)
+        """The timer: close due windows, forget idle keys; an empty shard is discarded."""
+        out = self.shard.close_due(to_ms(self.clock.now()))
         _log_closed(out)
-        return out, state.idle(now, self.ttl)
-
-    def _settling(self, now: datetime) -> bool:
-        """True while events of an overdue window are still arriving (a backlog replay)."""
-        return self.seen_at is not None and now < self.seen_at + self.grace
+        return out, len(self.shard) == 0
 
     def notify_at(self) -> datetime | None:
-        """Window end + grace while a window is open (for an overdue window: `grace` after its
-        last event arrived); else when the idle TTL runs out."""
-        state = self.state
-        if state is None:
-            return None
-        if state.window_end is not None:
-            if self.seen_at is not None and self.seen_at > state.window_end:
-                return self.seen_at + self.grace
-            return state.window_end + self.grace
-        if state.closed_until is not None:
-            return state.closed_until + self.ttl
-        return None
+        """The shard's earliest timer (window end + grace, settling, or idle TTL)."""
+        due = self.shard.next_due()
+        return None if due is None else from_ms(due)
 
     def snapshot(self) -> bytes:
-        """The state, pickled now (later mutations cannot leak into the snapshot)."""
-        return _freeze(self.state)
+        """The shard's states, pickled now (later folds cannot leak into the snapshot)."""
+        return self.shard.snapshot()
 
 
 def _log_closed(windows: list[DigestWindow]) -> None:
@@ -173,35 +186,6 @@ def _log_closed(windows: list[DigestWindow]) -> None:
             "digest.window_closed type=%s events=%d total=%d window_id=%s",
             window.key.notification_type, window.events, window.total, window.window_id,
         )  # fmt: skip
-
-
-# Snapshot format: (version, key fields, {field: value} of DigestState minus key and config).
-# The config is the catalog's and is looked up again on restore (a catalog change applies to
-# restored windows); leaving it out makes a snapshot ~3x cheaper to write.
-_SNAPSHOT_VERSION = 1
-_STATE_FIELDS = tuple(f.name for f in fields(DigestState) if f.name not in ("key", "config"))
-
-
-def _freeze(state: DigestState | None) -> bytes:
-    if state is None:
-        return pickle.dumps(None)
-    key = (state.key.recipient_id, state.key.notification_type, state.key.object_id)
-    values = {name: getattr(state, name) for name in _STATE_FIELDS}
-    return pickle.dumps((_SNAPSHOT_VERSION, key, values), protocol=pickle.HIGHEST_PROTOCOL)
-
-
-def _restore(blob: bytes, catalog: Catalog) -> DigestState | None:
-    frozen = pickle.loads(blob)
-    if frozen is None:
-        return None
-    _version, key, values = frozen
-    config = catalog.get(key[1]).digest
-    assert config is not None, f"{key[1]} is no longer a digest type"
-    state = DigestState(DigestKey(*key), config)
-    for name, value in values.items():
-        if name in _STATE_FIELDS:
-            setattr(state, name, value)
-    return state
 
 
 class ToRequest:
@@ -217,7 +201,7 @@ class ToRequest:
         return Output(topic, record["notification_id"], record)
 
 
-def _is_keyed(item: Any) -> TypeGuard[tuple[str, SocialEvent]]:
+def _is_keyed(item: Any) -> TypeGuard[tuple[str, list[EventItem]]]:
     return isinstance(item, tuple)
 
 
@@ -242,15 +226,15 @@ def build_flow(
     source = KafkaSource(settings.kafka, [settings.kafka.topic(EVENTS_TOPIC)], stop_at_end=bounded)
     messages = op.input("events_in", flow, source)
     # KafkaMessage
-    parser = EventParser(catalog, AvroDeserializer(registry, "social_event"))
+    parser = EventParser(catalog, SocialEventDecoder(registry))
     parsed = op.flat_map_batch("parse", messages, parser)
-    # (digest key, SocialEvent) | dead_letter dict
+    # (shard, [EventItem]) | dead_letter dict
     split = op.branch("split_events", parsed, _is_keyed)
     logic = partial(
         DigestLogic, catalog, clock, planning.digest_grace_seconds, planning.digest_idle_ttl_seconds
     )
-    windows = op.stateful_batch("windows", split.trues, logic)
-    # (digest key, DigestWindow)
+    windows = op.stateful_batch("shard_windows", split.trues, logic)
+    # (shard, DigestWindow)
     requests = op.map("to_request", windows, ToRequest(catalog, clock))
     # Output(herald.requests.{class}, notification_id, notification_request dict)
     records = op.flat_map_batch("encode", requests, Encoder(settings, registry, JOB))

@@ -1,7 +1,8 @@
 """Digest aggregation: many social events → one notification per (recipient, type, object) window.
 
-Pure logic for the `digest` dataflow (Bytewax keeps one `DigestState` per key and calls `step`
-for each event and `DigestState.should_close`/`close` on clock ticks).
+Pure logic for the `digest` dataflow: one `DigestState` per key folds events (`fold`, or `step`
+for a `SocialEvent`); `herald.digest_shard.DigestShard` holds the states of many keys with their
+timers, which is what the job keeps per shard. Times inside the state are epoch milliseconds.
 
 Windows (per key, event time, length = the type's `digest.window_seconds`):
 
@@ -14,10 +15,11 @@ Windows (per key, event time, length = the type's `digest.window_seconds`):
   window's end. Nothing is dropped, and every window of a key has a distinct start, hence a
   distinct `digest_window_id`, which is the digest notification's request_id (idempotent sinks).
 - Duplicates: upstream event ids are remembered per key across windows in a bounded FIFO set
-  (`max_seen_ids`, default 4096); a redelivered event is ignored. `total` counts distinct actors
+  (at least the newest `max_seen_ids`, default 4096, trimmed in bulk once it holds 1/8 more);
+  a redelivered event is ignored. `total` counts distinct actors
   (exact up to `max_seen_ids` actors per window; beyond that each new event counts as one).
-- `DigestState` is mutable (O(1) per event at 100k events/s; `add` returns the same object) and
-  picklable for recovery snapshots. Discard a key's state when `idle(now, ttl)`.
+- `DigestState` is mutable (O(1) per event at 100k events/s) and `freeze`s to plain values for
+  recovery snapshots. Discard a key's state when `idle(now_ms, ttl_ms)`.
 
 `summarize(window, locale, catalog)` gives "user1, user2, user3 and 1,197 others liked your
 post" (en) or "user1、user2、user3 等 1200 人赞了你" (zh); `DigestWindow.params()` carries the
@@ -26,8 +28,8 @@ same facts to the plan job, whose templates render the line in the recipient's l
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -42,13 +44,29 @@ __all__ = [
     "DigestText",
     "DigestWindow",
     "SocialEvent",
+    "from_ms",
     "notification_request",
     "parse_digest_config",
     "step",
     "summarize",
+    "to_ms",
 ]
 
 _DIRECT = timedelta(milliseconds=1)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_NO_WINDOWS: tuple[DigestWindow, ...] = ()  # what `fold` returns when nothing closed
+
+
+def to_ms(at: datetime) -> int:
+    """A timezone-aware datetime as epoch milliseconds (exact, no float rounding)."""
+    return (at - _EPOCH) // _DIRECT
+
+
+def from_ms(ms: int) -> datetime:
+    """Epoch milliseconds as a UTC datetime."""
+    return _EPOCH + timedelta(milliseconds=ms)
+
+
 _TEXT_VARS = frozenset({"actors", "others", "total"})
 
 
@@ -75,6 +93,16 @@ class DigestConfig:
     def window(self) -> timedelta:
         """Window length; a direct type gets 1 ms so consecutive windows have distinct starts."""
         return timedelta(seconds=self.window_seconds) if self.window_seconds else _DIRECT
+
+    @property
+    def window_ms(self) -> int:
+        """`window` in milliseconds."""
+        return self.window_seconds * 1000 if self.window_seconds else 1
+
+    @property
+    def seen_slack(self) -> int:
+        """How far the seen-id set may outgrow `max_seen_ids` before it is trimmed (in bulk)."""
+        return max(1, self.max_seen_ids // 8)
 
 
 def parse_digest_config(f: Fields, ctx: ParseContext) -> DigestConfig:
@@ -140,6 +168,18 @@ class SocialEvent:
         """The name shown in digest lines (actor_name, else actor_id)."""
         return self.actor_name or self.actor_id
 
+    @property
+    def at_ms(self) -> int:
+        """`occurred_at` in epoch milliseconds."""
+        return to_ms(self.occurred_at)
+
+    def fold_args(self) -> tuple[str, str, str, int, str, str | None]:
+        """The arguments of `DigestState.fold` for this event."""
+        return (
+            self.event_id, self.actor_id, self.display_name, self.at_ms, self.tenant_id,
+            self.object_type,
+        )  # fmt: skip
+
 
 @dataclass(frozen=True, slots=True)
 class DigestKey:
@@ -191,107 +231,175 @@ class DigestWindow:
         return params
 
 
-@dataclass
 class DigestState:
-    """Mutable per-key aggregation state (see the module docstring for the window rules)."""
+    """Mutable per-key aggregation state (see the module docstring for the window rules).
 
-    key: DigestKey
-    config: DigestConfig
-    tenant_id: str = ""
-    object_type: str | None = None
-    window_start: datetime | None = None
-    window_end: datetime | None = None
-    closed_until: datetime | None = None
-    actors: list[tuple[str, str]] = field(default_factory=list)
-    total: int = 0
-    events: int = 0
-    first_event_at: datetime | None = None
-    last_event_at: datetime | None = None
-    seen_events: dict[str, None] = field(default_factory=dict)
-    seen_actors: dict[str, None] = field(default_factory=dict)
+    Times are epoch milliseconds (ints): the job folds ~100k events/s and a datetime per event
+    would cost more than the rest of the fold. `fold` is the whole per-event path.
+    """
+
+    __slots__ = (
+        "key", "config", "tenant_id", "object_type", "window_start", "window_end",
+        "closed_until", "actors", "total", "events", "first_at", "last_at", "seen_events",
+        "seen_actors",
+    )  # fmt: skip
+
+    def __init__(self, key: DigestKey, config: DigestConfig) -> None:
+        self.key = key
+        self.config = config
+        self.tenant_id = ""
+        self.object_type: str | None = None
+        self.window_start: int | None = None
+        self.window_end: int | None = None
+        self.closed_until: int | None = None
+        self.actors: list[tuple[str, str]] = []
+        self.total = 0
+        self.events = 0
+        self.first_at = 0
+        self.last_at = 0
+        # Upstream event ids in arrival order, across windows (a dict keeps the order).
+        self.seen_events: dict[str, None] = {}
+        self.seen_actors: dict[str, None] = {}
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, DigestState):
+            return NotImplemented
+        return self.freeze() == other.freeze() and self.config == other.config
+
+    def __repr__(self) -> str:
+        return f"DigestState({self.key!r}, window_end={self.window_end}, total={self.total})"
 
     @property
     def is_open(self) -> bool:
         """True while a window holds at least one event."""
         return self.window_end is not None
 
-    def seen(self, event: SocialEvent) -> bool:
+    def seen(self, event_id: str) -> bool:
         """True when this upstream event id was already counted (a redelivery)."""
-        return event.event_id in self.seen_events
+        return event_id in self.seen_events
 
-    def add(self, event: SocialEvent) -> DigestState:
-        """Count `event` (ignored when seen), opening a window if none is open; returns self.
+    def fold(
+        self,
+        event_id: str,
+        actor_id: str,
+        name: str,
+        at: int,
+        tenant_id: str,
+        object_type: str | None,
+    ) -> Sequence[DigestWindow]:
+        """Fold one event (`at` in epoch ms); returns the windows it closed (usually none).
 
-        The caller closes the open window first when `event.occurred_at >= window_end` (`step`).
+        A redelivered id is ignored. An event at or after the open window's end closes that
+        window first; a direct type (window 0) closes its 1 ms window at once.
         """
-        if event.event_id in self.seen_events:
-            return self
-        self._remember(self.seen_events, event.event_id)
+        seen = self.seen_events
+        if event_id in seen:
+            return _NO_WINDOWS
+        closed: Sequence[DigestWindow] = _NO_WINDOWS
+        config = self.config
+        seen[event_id] = None
+        if len(seen) > config.max_seen_ids:
+            self._trim_seen()
+        if self.window_end is not None and at >= self.window_end:
+            closed = [self._close()]
         if self.window_end is None:
-            self._open(event)
+            self._open(at, tenant_id, object_type)
+        else:
+            if at < self.first_at:
+                self.first_at = at
+            elif at > self.last_at:
+                self.last_at = at
         self.events += 1
-        at = event.occurred_at
-        self.first_event_at = min(self.first_event_at or at, at)
-        self.last_event_at = max(self.last_event_at or at, at)
-        if event.actor_id in self.seen_actors:
-            return self
-        if len(self.seen_actors) < self.config.max_seen_ids:
-            self.seen_actors[event.actor_id] = None
-        self.total += 1
-        if len(self.actors) < self.config.max_actors:
-            self.actors.append((event.actor_id, event.display_name))
-        return self
+        actors = self.seen_actors
+        if actor_id not in actors:
+            if len(actors) < config.max_seen_ids:
+                actors[actor_id] = None
+            self.total += 1
+            if len(self.actors) < config.max_actors:
+                self.actors.append((actor_id, name))
+        if config.window_seconds == 0:
+            closed = [*closed, self._close()]
+        return closed
 
-    def should_close(self, now: datetime) -> bool:
-        """True when a window is open and `now` (the job clock) has reached its end."""
-        return self.window_end is not None and now >= self.window_end
+    def should_close(self, now_ms: int) -> bool:
+        """True when a window is open and `now_ms` (the job clock) has reached its end."""
+        return self.window_end is not None and now_ms >= self.window_end
 
     def close(self) -> DigestWindow | None:
         """Emit the open window (None if none) and start waiting for the next one."""
-        if self.window_start is None or self.window_end is None:
+        if self.window_end is None:
             return None
-        assert self.first_event_at is not None and self.last_event_at is not None
+        return self._close()
+
+    def idle(self, now_ms: int, ttl_ms: int) -> bool:
+        """True when no window is open and the last one closed `ttl_ms` ago: drop the state."""
+        return self.window_end is None and (
+            self.closed_until is None or now_ms - self.closed_until >= ttl_ms
+        )
+
+    def freeze(self) -> tuple[Any, ...]:
+        """The state as plain values for a snapshot (`thaw` is the inverse). The lists and
+        dicts are the live ones: pickle the result before the next `fold`."""
+        return (
+            self.tenant_id, self.object_type, self.window_start, self.window_end,
+            self.closed_until, self.actors, self.total, self.events, self.first_at,
+            self.last_at, self.seen_events, self.seen_actors,
+        )  # fmt: skip
+
+    @classmethod
+    def thaw(cls, key: DigestKey, config: DigestConfig, values: tuple[Any, ...]) -> DigestState:
+        """A state from `freeze()` values, under the catalog's current `config`."""
+        state = cls(key, config)
+        (
+            state.tenant_id, state.object_type, state.window_start, state.window_end,
+            state.closed_until, actors, state.total, state.events, state.first_at,
+            state.last_at, seen_events, seen_actors,
+        ) = values  # fmt: skip
+        state.actors = [tuple(a) for a in actors]  # type: ignore[misc]
+        state.seen_events = dict(seen_events)
+        state.seen_actors = dict(seen_actors)
+        return state
+
+    def _open(self, at: int, tenant_id: str, object_type: str | None) -> None:
+        start = at
+        if self.closed_until is not None and start < self.closed_until:
+            start = self.closed_until
+        self.window_start, self.window_end = start, start + self.config.window_ms
+        self.tenant_id, self.object_type = tenant_id, object_type
+        self.first_at = self.last_at = at
+
+    def _close(self) -> DigestWindow:
+        start, end = self.window_start, self.window_end
+        assert start is not None and end is not None
+        key = self.key
         window = DigestWindow(
-            key=self.key,
+            key=key,
             tenant_id=self.tenant_id,
             window_id=digest_window_id(
-                self.key.recipient_id,
-                self.key.notification_type,
-                self.key.object_id,
-                self.window_start,
+                key.recipient_id, key.notification_type, key.object_id, from_ms(start)
             ),
-            window_start=self.window_start,
-            window_end=self.window_end,
+            window_start=from_ms(start),
+            window_end=from_ms(end),
             actors=tuple(name for _, name in self.actors),
             actor_ids=tuple(actor for actor, _ in self.actors),
             total=self.total,
             events=self.events,
-            first_event_at=self.first_event_at,
-            last_event_at=self.last_event_at,
+            first_event_at=from_ms(self.first_at),
+            last_event_at=from_ms(self.last_at),
             object_type=self.object_type,
         )
-        self.closed_until, self.window_start, self.window_end = self.window_end, None, None
+        self.closed_until, self.window_start, self.window_end = end, None, None
         self.actors, self.seen_actors, self.total, self.events = [], {}, 0, 0
-        self.first_event_at = self.last_event_at = None
         return window
 
-    def idle(self, now: datetime, ttl: timedelta) -> bool:
-        """True when no window is open and the last one closed `ttl` ago: drop the state."""
-        return self.window_end is None and (
-            self.closed_until is None or now - self.closed_until >= ttl
-        )
-
-    def _open(self, event: SocialEvent) -> None:
-        start = event.occurred_at
-        if self.closed_until is not None and start < self.closed_until:
-            start = self.closed_until
-        self.window_start, self.window_end = start, start + self.config.window
-        self.tenant_id, self.object_type = event.tenant_id, event.object_type
-
-    def _remember(self, ids: dict[str, None], value: str) -> None:
-        ids[value] = None
-        if len(ids) > self.config.max_seen_ids:
-            del ids[next(iter(ids))]
+    def _trim_seen(self) -> None:
+        """Keep the newest `max_seen_ids` ids once `seen_slack` more have come (in bulk:
+        deleting the oldest key of a dict one at a time scans past every earlier deletion)."""
+        keep = self.config.max_seen_ids
+        if len(self.seen_events) <= keep + self.config.seen_slack:
+            return
+        ids = list(self.seen_events)
+        self.seen_events = dict.fromkeys(ids[len(ids) - keep :])
 
 
 def step(
@@ -306,21 +414,7 @@ def step(
         config = catalog.get(key.notification_type).digest
         assert config is not None
         state = DigestState(key, config)
-    if state.seen(event):
-        return state, []
-    closed: list[DigestWindow] = []
-    if state.window_end is not None and event.occurred_at >= state.window_end:
-        closed.append(_closed(state))
-    state.add(event)
-    if state.config.window_seconds == 0:
-        closed.append(_closed(state))
-    return state, closed
-
-
-def _closed(state: DigestState) -> DigestWindow:
-    window = state.close()
-    assert window is not None
-    return window
+    return state, list(state.fold(*event.fold_args()))
 
 
 def summarize(window: DigestWindow | DigestState, locale: str | None, catalog: Catalog) -> str:

@@ -4,19 +4,11 @@ from __future__ import annotations
 
 import pickle
 from datetime import UTC, datetime, timedelta
-from functools import partial
-from typing import Any
-
-import bytewax.operators as op
-from bytewax.dataflow import Dataflow
-from bytewax.testing import TestingSink, TestingSource, run_main
 
 from dataflows._settings import Clock
 from dataflows._users import ChangelogDecoder, UserShardLogic, to_shards
-from dataflows.digest import DigestLogic
 from dataflows.schedule import BucketLogic
 from herald.catalog import load_catalog
-from herald.digest import SocialEvent
 from herald.planning import CaughtUp, TableUpdate, UserTasks, admit_request
 from herald.policy import Preferences
 from herald.scheduling import ScheduledEntry
@@ -75,51 +67,6 @@ def test_changelog_records_route_to_shards_and_bad_ones_are_dead_letters() -> No
     assert tombstone == TableUpdate("contacts", "u1", None)
     assert to_shards(tombstone, 8) == [(to_shards(tombstone, 8)[0][0], tombstone)]
     assert len(to_shards(CaughtUp("0-p"), 8)) == 8
-
-
-def like(i: int, at: datetime, recipient: str = "r1") -> SocialEvent:
-    return SocialEvent(f"e{i}", "like", f"a{i}", recipient, at, "t", f"user{i}", "p1", "post")
-
-
-def test_digest_logic_closes_on_the_timer_and_expires_idle_state() -> None:
-    clock = FakeClock(T0)
-    logic = DigestLogic(CATALOG, clock, 2.0, 3600.0, None)
-    out, discard = logic.on_batch([like(i, T0) for i in range(5)] + [like(1, T0)])
-    assert (out, discard) == ([], False)
-    assert logic.notify_at() == T0 + timedelta(seconds=602)
-    restored = DigestLogic(CATALOG, clock, 2.0, 3600.0, logic.snapshot())
-    clock.set(T0 + timedelta(seconds=603))
-    for state in (logic, restored):
-        windows, discard = state.on_notify()
-        assert [(w.total, w.events) for w in windows] == [(5, 5)] and not discard
-    assert logic.notify_at() == T0 + timedelta(seconds=600 + 3600)
-    clock.set(T0 + timedelta(seconds=4300))
-    assert logic.on_notify() == ([], True)
-
-
-def test_an_overdue_window_settles_before_it_closes() -> None:
-    """A backlog (events of a window long past) read in several batches: one notification."""
-    clock = FakeClock(T0 + timedelta(hours=1))
-    logic = DigestLogic(CATALOG, clock, 2.0, 3600.0, None)
-    for i in range(3):
-        assert logic.on_batch([like(i, T0)]) == ([], False)
-        assert logic.notify_at() == clock.now() + timedelta(seconds=2)
-        assert logic.on_notify()[0] == []  # still settling
-        clock.set(clock.now() + timedelta(seconds=1))
-    clock.set(clock.now() + timedelta(seconds=2))
-    assert [w.total for w in logic.on_notify()[0]] == [3]
-
-
-def test_digest_logic_through_bytewax() -> None:
-    clock = FakeClock(T0 + timedelta(hours=1))  # every window is already due
-    events = [("r1\x1fsocial_like\x1fp1", like(i, T0)) for i in range(3)]
-    out: list[Any] = []
-    flow = Dataflow("digest_logic")
-    keyed = op.input("in", flow, TestingSource(events, batch_size=3))
-    windows = op.stateful_batch("windows", keyed, partial(DigestLogic, CATALOG, clock, 0.0, 60.0))
-    op.output("out", windows, TestingSink(out))
-    run_main(flow)
-    assert [(k, w.total) for k, w in out] == [("r1\x1fsocial_like\x1fp1", 3)]
 
 
 def test_bucket_logic_releases_when_due_and_disappears() -> None:

@@ -17,9 +17,11 @@ from herald.digest import (
     DigestState,
     DigestWindow,
     SocialEvent,
+    from_ms,
     notification_request,
     step,
     summarize,
+    to_ms,
 )
 from herald.render import render
 
@@ -68,7 +70,7 @@ class Job:
 
     def tick(self, now: datetime) -> None:
         for state in self.states.values():
-            if state.should_close(now):
+            if state.should_close(to_ms(now)):
                 window = state.close()
                 assert window is not None
                 self.out.append(window)
@@ -168,7 +170,8 @@ def test_late_events_go_into_the_next_window(catalog: Catalog) -> None:
     first = job.out[0]
     job.feed(ev("c-late", "comment", "b", T0 + timedelta(seconds=5)))  # its window already closed
     state = next(iter(job.states.values()))
-    assert state.window_start == first.window_end  # the next window starts where the last ended
+    assert state.window_start is not None  # the next window starts where the last ended:
+    assert from_ms(state.window_start) == first.window_end
     job.tick(T0 + timedelta(seconds=80))
     assert [w.actors for w in job.out] == [("a", "z"), ("b",)]
     assert job.out[1].window_id != first.window_id
@@ -194,28 +197,38 @@ def test_same_actor_counts_once_and_is_shown_once(catalog: Catalog) -> None:
 
 
 def test_seen_ids_are_bounded(catalog: Catalog) -> None:
+    """The newest `max_seen_ids` ids are always remembered; the set never outgrows the cap by
+    more than `seen_slack`, and older ids are forgotten."""
     config = catalog.get("social_comment").digest
     assert config is not None
-    small = type(config)(config.event_type, 30, 3, 2, config.texts)
+    small = type(config)(config.event_type, 30, 3, 16, config.texts)
+    assert small.seen_slack == 2
     state = DigestState(DigestKey("u", "social_comment", "p"), small)
-    for i in range(5):
-        state.add(ev(f"e{i}", "comment", f"a{i}"))
-    assert list(state.seen_events) == ["e3", "e4"]
-    assert state.seen(ev("e4", "comment", "x")) and not state.seen(ev("e0", "comment", "x"))
+    at = to_ms(T0)
+    for i in range(100):
+        state.fold(f"e{i}", f"a{i}", f"a{i}", at, "t", "post")
+        assert len(state.seen_events) <= 16 + 2
+        assert all(state.seen(f"e{j}") for j in range(max(0, i - 15), i + 1))
+    assert not state.seen("e0") and not state.seen("e80")
+    assert state.fold("e99", "a99", "a99", at, "t", "post") == ()  # a redelivery: ignored
+    assert state.events == 100
 
 
 def test_display_names_idle_and_pickle(catalog: Catalog) -> None:
     event = SocialEvent("e1", "follow", "u-17", "r", T0, "t", actor_name="Ann")
     state, closed = step(None, event, catalog)
     assert closed == [] and state.actors == [("u-17", "Ann")]
-    assert not state.idle(T0 + timedelta(days=1), timedelta(hours=1))  # a window is open
+    hour = 3_600_000
+    assert not state.idle(to_ms(T0 + timedelta(days=1)), hour)  # a window is open
     clone = pickle.loads(pickle.dumps(state))
     assert clone == state
+    frozen = pickle.loads(pickle.dumps(state.freeze()))
+    assert DigestState.thaw(state.key, state.config, frozen) == state
     window = state.close()
     assert window is not None and summarize(window, "en", catalog) == "Ann followed you"
     assert state.close() is None
-    assert not state.idle(window.window_end + timedelta(minutes=59), timedelta(hours=1))
-    assert state.idle(window.window_end + timedelta(hours=1), timedelta(hours=1))
+    assert not state.idle(to_ms(window.window_end) + hour - 60_000, hour)
+    assert state.idle(to_ms(window.window_end) + hour, hour)
 
 
 def test_social_event_from_record() -> None:

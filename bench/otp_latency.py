@@ -187,6 +187,11 @@ def result_of(raw: dict[str, Any]) -> dict[str, Any]:
         f"through the API; {raw['otps']} OTPs one every {raw['interval_s']} s in each phase.",
         f"Bulk deliveries accepted by providers while measured: {raw['bulk_accepted']:,}.",
     ]
+    if cpu_i is not None and cpu_i > 0.8:
+        notes.append(
+            f"The idle baseline was not idle: other work kept the machine {cpu_i:.0%} busy "
+            "during it, so busy vs idle compares two loaded pipelines (rerun on a quiet machine)."
+        )
     bulk = raw["bulk_accepted_per_s"]
     plots = [
         {"kind": "hist", "name": "latency", "xlabel": "ms (POST sent → SMS provider accepted)",

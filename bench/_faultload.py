@@ -23,16 +23,18 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import httpx
 
+from herald.ids import notification_id
 from herald.ledger import ExpectedDelivery, ProviderView
 from herald.stackclient import DEV_API_KEY, SIMULATORS, StackClient
 
 __all__ = ["Accepted", "Producer", "ProviderPoll", "otp_phone", "register_users"]
 
+TENANT = "dev"  # the embedded stack's dev tenant (api/tenants.toml)
 RETRYABLE_STATUS = frozenset({429, 500, 502, 503, 504})
 
 
@@ -113,6 +115,7 @@ class Producer:
     retry_for: float = 120.0
     accepted: list[Accepted] = field(default_factory=list)
     refused: list[tuple[str, str]] = field(default_factory=list)  # (request_id, last error)
+    unconfirmed: list[Accepted] = field(default_factory=list)  # the refused, as ledger entries
     otp_sent: int = 0
     bulk_sent: int = 0
     _queue: queue.Queue[dict[str, Any] | None] = field(default_factory=queue.Queue)
@@ -179,7 +182,14 @@ class Producer:
                 nid, attempts, err = _post_until_accepted(http, body, sent_at + self.retry_for)
                 with self._lock:
                     if nid is None:
+                        # never answered 202, yet a timed-out write may still have become
+                        # durable: its deliveries are "unconfirmed", so a copy is no stray
                         self.refused.append((body["request_id"], err))
+                        nid = notification_id(TENANT, body["request_id"])
+                        entry = self._entry(body, nid, sent_at, attempts)
+                        for i, e in enumerate(entry.expected):
+                            entry.expected[i] = replace(e, traffic_class="unconfirmed")
+                        self.unconfirmed.append(entry)
                     else:
                         self.accepted.append(self._entry(body, nid, sent_at, attempts))
 

@@ -41,6 +41,7 @@ from typing import Any
 from bench._faultload import Accepted, Producer, ProviderPoll, register_users
 from herald.ledger import HeraldEvent, LedgerReport, reconcile
 from herald.stackclient import StackClient
+from infra.process import port_open
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -133,6 +134,12 @@ class FaultResult:
         )
         lines.append(self.otp.render("transactional (OTP) ledger"))
         lines.append(self.bulk.render("bulk ledger"))
+        unconfirmed = self.report.by_class("unconfirmed")
+        lines.append(
+            f"refused requests (never 202): {len(unconfirmed.outcomes)} deliveries, of which "
+            f"{len(unconfirmed.outcomes) - unconfirmed.reached_counts().get('not reached', 0)} "
+            "were durable anyway and reached an end"
+        )
         lines.append(f"stray provider copies: {len(self.report.strays)}")
         return "\n".join(lines)
 
@@ -160,15 +167,18 @@ def running_stack(run_dir: Path) -> Iterator[Path]:
         herald_cli("down", run_dir=run_dir, timeout=180)
 
 
-def component_healthy(state: dict[str, Any], name: str) -> bool:
-    """The component's own health check (infra/services.py), with the addresses of `state`."""
-    from infra.process import port_open
+def component_healthy(state: dict[str, Any], name: str, metrics_served: bool = False) -> bool:
+    """The component's own health check (infra/services.py), with the addresses of `state`.
+
+    A Bytewax job's own check is "the process runs"; one that served /metrics before the kill
+    counts as back only once it serves them again (its flow is built and running).
+    """
     from infra.services import JOBS, SERVICES, Ctx
 
     ctx = Ctx(run_dir=Path(state["run_dir"]), host=state["host"], ports=dict(state["ports"]))
     component = {c.name: c for c in SERVICES + JOBS}[name]
     metrics = ctx.ports.get(f"metrics_{name}")
-    if metrics is not None and not port_open(ctx.host, metrics):
+    if metrics_served and metrics is not None and not port_open(ctx.host, metrics):
         return False  # a Bytewax job: "alive" is not enough, it serves /metrics once it runs
     try:
         return bool(component.healthy(ctx))
@@ -180,6 +190,9 @@ def kill_and_wait(stack: StackClient, poll: ProviderPoll, name: str, timeout: fl
     """SIGKILL `name`'s process group, then wait for the supervisor's restart and health."""
     if name.startswith("sim-"):
         poll.snapshot(name.removeprefix("sim-"))  # what it accepted, right before it forgets
+    state = stack.refresh_state()
+    metrics = state["ports"].get(f"metrics_{name}")
+    served = metrics is not None and port_open(state["host"], metrics)
     start = time.monotonic()
     old = stack.kill(name)
     kill = Kill(name, start)
@@ -187,7 +200,7 @@ def kill_and_wait(stack: StackClient, poll: ProviderPoll, name: str, timeout: fl
         stack.wait_restarted(name, old, timeout=timeout)
         kill.restart_s = time.monotonic() - start
         while time.monotonic() - start < timeout:
-            if component_healthy(stack.refresh_state(), name):
+            if component_healthy(stack.refresh_state(), name, served):
                 kill.healthy_s = time.monotonic() - start
                 break
             time.sleep(0.2)
@@ -220,7 +233,10 @@ def settle(
         except Exception:  # ClickHouse briefly unavailable under load: try again
             time.sleep(3)
             continue
-        waiting = report.reached_counts().get("not reached", 0)
+        waiting = sum(
+            report.by_class(c).reached_counts().get("not reached", 0)
+            for c in ("transactional", "bulk")
+        )
         if not waiting or time.monotonic() - start > timeout:
             return report, time.monotonic() - start
         time.sleep(3)
@@ -291,7 +307,9 @@ def run(
             time.sleep(dwell)
         finally:
             producer.stop()
-        report, settle_s = settle(stack, poll, producer.accepted, settle_timeout)
+        report, settle_s = settle(
+            stack, poll, producer.accepted + producer.unconfirmed, settle_timeout
+        )
         poll.stop()
         seen = provider_times(report)
         resume_figures(kills, producer.accepted, seen)

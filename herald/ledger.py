@@ -266,7 +266,7 @@ def reconcile(
             msg_ids[key].add(ev.provider_msg_id)
     at: dict[tuple[str, str], list[ProviderCopy]] = defaultdict(list)
     for copy in copies:
-        at[(copy.provider, copy.address)].append(copy)
+        at[(copy.provider, _norm(copy.address))].append(copy)
     outcomes: list[DeliveryOutcome] = []
     groups: dict[tuple[str, str], list[DeliveryOutcome]] = defaultdict(list)
     for exp in expected:
@@ -275,7 +275,7 @@ def reconcile(
             exp, frozenset(states.get(key, ())), [], frozenset(msg_ids.get(key, ()))
         )
         outcomes.append(outcome)
-        groups[(exp.channel, exp.address)].append(outcome)
+        groups[(exp.channel, _norm(exp.address))].append(outcome)
     used: set[tuple[str, str]] = set()
     for (channel, address), group in groups.items():
         found: list[ProviderCopy] = []
@@ -285,6 +285,11 @@ def reconcile(
         _share(group, found)
     strays = [c for where, cs in at.items() if where not in used for c in cs]
     return LedgerReport(outcomes, strays)
+
+
+def _norm(address: str) -> str:
+    """One spelling per address: Vonage reports `to` without the E.164 "+", emails any case."""
+    return address.removeprefix("+").lower()
 
 
 def _share(group: list[DeliveryOutcome], found: list[ProviderCopy]) -> None:

@@ -36,8 +36,9 @@ def test_sigkill_each_process_kind_under_otp_and_bulk_load(tmp_path: Path) -> No
         assert res.restarts.get(k.component, 0) >= 1, k
 
     otp, bulk = res.otp, res.bulk
-    assert len(otp.outcomes) >= 0.9 * 20.0 * 60, "the OTP load did not go through"
-    assert not res.refused, f"requests never accepted despite retries: {res.refused[:5]}"
+    # Requests the API refused (503 for longer than the client's 120 s of retries) are not
+    # promised; they are printed. The load must have gone through all the same.
+    assert len(otp.outcomes) >= 20.0 * 60, "the OTP load did not go through"
     assert otp.losses == [], otp.render("transactional")
     assert otp.reached_counts().get("not reached", 0) == 0, otp.render("transactional")
 

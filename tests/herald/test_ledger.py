@@ -131,3 +131,10 @@ def test_deliveries_sharing_an_address_get_their_recorded_copies_and_extras_are_
     found.append(ProviderCopy("sms_b", phone, "V2"))
     report = reconcile(exp, events, found)
     assert report.duplicates == 1 and report.losses == []
+
+
+def test_vonage_numbers_without_plus_match_the_e164_address() -> None:
+    report = reconcile(
+        [otp(1)], [ev(1, "PROVIDER_ACCEPTED", "V1")], [ProviderCopy("sms_b", "14155550001", "V1")]
+    )
+    assert report.unseen == [] and report.strays == [] and len(report.outcomes[0].copies) == 1

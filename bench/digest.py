@@ -8,6 +8,8 @@ startup included: what 2 cores do). Both are bounded: they stop at the end of th
 event is decoded, keyed by (recipient, type, object), deduplicated and folded into its open
 window; windows stay open (likes: 600 s), so the figure is the ingest rate of the aggregation.
 The baseline consumes the same records and produces them to a scratch topic, in the same run.
+CPU figures (`time.process_time` of this process: every thread, librdkafka's included) are
+given beside wall figures because a shared machine's load moves wall-clock rates a lot.
 """
 
 from __future__ import annotations
@@ -69,15 +71,17 @@ def run(base: HeraldSettings, events: int = 1_000_000, recipients: int = 20_000)
         recovery.mkdir(parents=True)
         init_db_dir(recovery, 1)
         flow = build_flow(settings, planning=PlanningSettings(), bounded=True)
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         run_main(
             flow, epoch_interval=timedelta(seconds=10), recovery_config=RecoveryConfig(recovery)
         )
-        job_s = time.perf_counter() - started
+        job_s, job_cpu = time.perf_counter() - started, time.process_time() - cpu
         logs = base.run.run_dir / "bench-logs" / settings.kafka.topic_prefix
         logs.mkdir(parents=True)
         two_s = run_job(settings, "dataflows.digest:build_flow(bounded=True)", 2, logs)
+        cpu = time.process_time()
         baseline = raw_baseline(settings, [TOPIC], events)
+        baseline_cpu = time.process_time() - cpu
     finally:
         drop_topics(settings)
     return report(
@@ -88,10 +92,15 @@ def run(base: HeraldSettings, events: int = 1_000_000, recipients: int = 20_000)
             "produce (encode + send) events/s": events / produced_s,
             "digest events/s, 1 process": events / job_s,
             "digest seconds, 1 process": job_s,
+            "digest CPU us/event, 1 process": job_cpu / events * 1e6,
+            "digest events/CPU-s, 1 process": events / job_cpu,
             "digest events/s, 2 processes": events / two_s,
             "digest seconds, 2 processes": two_s,
             "baseline consume->produce rec/s": baseline["records_per_s"],
+            "baseline CPU us/record": baseline_cpu / events * 1e6,
+            "baseline records/CPU-s": events / baseline_cpu,
             "digest 1 process / baseline": events / job_s / baseline["records_per_s"],
+            "digest / baseline, CPU per item": job_cpu / baseline_cpu,
         },
     )
 

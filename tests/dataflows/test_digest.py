@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import pickle
 import signal
 import sqlite3
 import time
@@ -54,17 +55,22 @@ def event(
 
 
 def snapshots(recovery: Path) -> int:
-    """Keys of the `windows` step in the recovery store (0 until the first snapshot)."""
-    total = 0
+    """Digest keys in the largest committed shard snapshot (0 until the first snapshot)."""
+    most = 0
     for db in recovery.glob("*.sqlite3"):
         with sqlite3.connect(db) as conn:
-            total += conn.execute(
-                "SELECT count(*) FROM snaps WHERE step_id LIKE '%windows%'"
-            ).fetchone()[0]
-    return total
+            rows = conn.execute(
+                "SELECT ser_change FROM snaps WHERE step_id LIKE '%shard_windows%'"
+            ).fetchall()
+        for (change,) in rows:
+            blob = pickle.loads(change) if change is not None else None
+            if blob is not None:
+                _version, frozen = pickle.loads(blob)
+                most = max(most, len(frozen))
+    return most
 
 
-def wait_snapshot(recovery: Path, keys: int, job: Job, timeout: float = 30) -> None:
+def wait_snapshot(recovery: Path, keys: int, job: Job, timeout: float = 90) -> None:
     deadline = time.monotonic() + timeout
     while snapshots(recovery) < keys:
         assert job.running(), job.output()[-3000:]

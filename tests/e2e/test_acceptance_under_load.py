@@ -71,7 +71,6 @@ def _campaign_pushes(client: StackClient, tokens: set[str]) -> list[float]:
     return [t for t, a, o in sim_log(client, "fcm") if o == "accepted" and a in tokens]
 
 
-@pytest.mark.timeout(1500)
 def _wait_serving(e2e: E2EStack, job: str, timeout: float = 240) -> None:
     """Until the restarted job has built its dataflow (its /metrics port answers): the time a
     Bytewax process takes to start is the supervisor's, not the worker's take-over."""
@@ -82,6 +81,7 @@ def _wait_serving(e2e: E2EStack, job: str, timeout: float = 240) -> None:
         time.sleep(0.2)
 
 
+@pytest.mark.timeout(1500)
 def test_bulk_flood_does_not_slow_otps_and_provider_rate_holds(
     e2e: E2EStack, pool: UserPool
 ) -> None:

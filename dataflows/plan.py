@@ -35,6 +35,7 @@ users (one MGET a batch) and takes the newer version (dataflows/_copies.py).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypeGuard, cast
@@ -77,6 +78,15 @@ def _is_table_item(item: Any) -> TypeGuard[TableUpdate | CaughtUp]:
 
 def _is_record(item: Any) -> TypeGuard[KafkaRecord]:
     return isinstance(item, KafkaRecord)
+
+
+def _chain(steps: tuple[Callable[[list[Any]], list[Any]], ...], batch: list[Any]) -> list[Any]:
+    """Batch steps applied in order within one Bytewax step: the items of a campaign cross the
+    Python/Rust boundary once instead of once per step (about half the plan job's per-record
+    dataflow overhead)."""
+    for step in steps:
+        batch = step(batch)
+    return batch
 
 
 @dataclass(frozen=True)
@@ -149,11 +159,12 @@ def build_flow(
     # (shard, UserTasks | TableUpdate | CaughtUp)
     planned = op.stateful_batch("users", merged, partial(UserShardLogic, parts))
     # (shard, Planned)
-    outputs = op.flat_map_batch("plan", planned, Planner(p.catalog, settings, p.clock))
-    # Output(topic, delivery_id, Delivery | delivery_event dict) | dead_letter dict
-    counted = op.flat_map_batch("count_events", outputs, CountOutputs(JOB, dead_letters=False))
-    # the same items
-    records = op.flat_map_batch("encode", counted, Encoder(settings, p.registry, JOB))
+    steps = (
+        Planner(p.catalog, settings, p.clock),  # -> Output(topic, delivery_id, value) | letter
+        CountOutputs(JOB, dead_letters=False),  # the same items, counted
+        Encoder(settings, p.registry, JOB),  # -> KafkaRecord | dead_letter dict
+    )
+    records = op.flat_map_batch("plan", planned, partial(_chain, steps))
     # KafkaRecord | dead_letter dict
     encoded = op.branch("split_records", records, _is_record)
     falses = (cast(Stream[DeadLetter], s.falses) for s in (split, updates, encoded))

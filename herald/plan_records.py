@@ -39,6 +39,7 @@ from herald import ids
 from herald.caps import CapBucket, cap_key, ttl_seconds
 from herald.catalog import Catalog, TemplateError
 from herald.planning import PlanRequest, UserView
+from herald.planning_ids import PlanIds
 from herald.policy import Address, Decision, Hold, Send, Suppress, decide
 from herald.quiet_hours import local_day
 from herald.render import BoundTemplate, Rendered, compiled
@@ -173,6 +174,7 @@ class Renderer:
     def __init__(self, catalog: Catalog, max_entries: int = 1024) -> None:
         self.catalog = catalog
         self.max_entries = max_entries
+        self.ids = PlanIds()  # the ids of the records rendered here (herald.planning_ids)
         self._bound: OrderedDict[tuple[str, str, str], tuple[BoundTemplate, Rendered | None]] = (
             OrderedDict()
         )
@@ -216,10 +218,12 @@ def event_record(
     reason: str | None,
     now: datetime,
     attributes: Mapping[str, str] | None = None,
+    event_id: str | None = None,
 ) -> dict[str, Any]:
-    """A `delivery_event` record; its event_id is deterministic (delivery, state, attempt 0)."""
+    """A `delivery_event` record; its event_id is deterministic (delivery, state, attempt 0),
+    passed in when the caller made it already."""
     return {
-        "event_id": ids.event_id(delivery_id, state.value, 0),
+        "event_id": event_id or ids.event_id(delivery_id, state.value, 0),
         "delivery_id": delivery_id,
         "notification_id": request.notification_id,
         "user_id": user_id,
@@ -246,9 +250,11 @@ def _event_output(request: PlanRequest, event: dict[str, Any]) -> Output:
     return Output(EVENTS_TOPIC, event["delivery_id"], event, shape)
 
 
-def _delivery_id(request: PlanRequest, user_id: str, channel: str, address: Address) -> str:
+def _delivery_id(
+    made: PlanIds, request: PlanRequest, user_id: str, channel: str, address: Address
+) -> str:
     device = address.device_id if channel == "push" else None
-    return ids.delivery_id(request.notification_id, user_id, channel, device)
+    return made.delivery(request.notification_id, user_id, channel, device)
 
 
 def _delivery(
@@ -300,6 +306,7 @@ def _delivery_shape(request: PlanRequest, delivery: dict[str, Any]) -> tuple[Any
 
 
 def _emitted(
+    made: PlanIds,
     request: PlanRequest,
     view: UserView,
     decision: Send | Hold,
@@ -323,15 +330,16 @@ def _emitted(
         attributes["fallback_from"] = send.fallback_from
     out: list[Output] = []
     for address in send.addresses:
-        did = _delivery_id(request, view.user_id, send.channel, address)
+        did = _delivery_id(made, request, view.user_id, send.channel, address)
         delivery = _delivery(
             request, view.user_id, send, address, did, rendered, now, fallback_content
         )
         shape = None if personal else _delivery_shape(request, delivery)
         out.append(Output(topic, did, delivery, shape))
         event = event_record(
-            request, view.user_id, send.channel, did, state, reason, now, attributes
-        )
+            request, view.user_id, send.channel, did, state, reason, now, attributes,
+            made.event(did, state.value),
+        )  # fmt: skip
         out.append(_event_output(request, event))
     return out
 
@@ -346,13 +354,16 @@ def user_records(
     """Records for one user's decisions (see the module docstring)."""
     out: list[Output] = []
     rejected: list[Rejected] = []
+    made = renderer.ids
     personal = view.params is not None and not request.params.keys() >= view.params.keys()
     for decision in decisions:
         if isinstance(decision, Suppress):
-            did = ids.delivery_id(request.notification_id, view.user_id, decision.channel)
+            did = made.delivery(request.notification_id, view.user_id, decision.channel)
+            state = decision.state
             event = event_record(
-                request, view.user_id, decision.channel, did, decision.state, decision.reason, now
-            )
+                request, view.user_id, decision.channel, did, state, decision.reason, now,
+                None, made.event(did, state.value),
+            )  # fmt: skip
             out.append(_event_output(request, event))
             continue
         send = decision if isinstance(decision, Send) else decision.planned
@@ -363,7 +374,7 @@ def user_records(
             rejected.append(Rejected(view.user_id, did, exc.code, exc.detail))
             continue
         content = _fallback_content(renderer, request, view, send)
-        out.extend(_emitted(request, view, decision, rendered, now, personal, content))
+        out.extend(_emitted(made, request, view, decision, rendered, now, personal, content))
     return out, rejected
 
 

@@ -56,3 +56,19 @@ def test_cap_counts_each_notification_once_up_to_the_limit(stack: RunningStack) 
     assert caps.charge(charges[:2]) == [True, True]  # replays: allowed, not counted again
     assert caps.charge(charges[2:]) == [True, False, False]
     assert client.get(key) == b"3" and 0 < client.ttl(key) <= 3600
+
+
+def test_cap_charges_of_a_large_batch_span_script_chunks(stack: RunningStack) -> None:
+    client = redis.Redis.from_url(stack.settings.redis.url)
+    caps = CapCounter(client)
+    run = uuid.uuid4().hex[:8]
+    buckets = [
+        CapBucket(cap_key(f"{run}-{i}", "marketing", date(2026, 3, 8)), "marketing", 1,
+                  date(2026, 3, 8), 3600)
+        for i in range(600)
+    ]  # fmt: skip
+    first = [CapCharge(b, f"{run}-{i}", "n1") for i, b in enumerate(buckets)]
+    second = [CapCharge(b, f"{run}-{i}", "n2") for i, b in enumerate(buckets)]
+    assert caps.charge(first + first) == [True] * 1200  # each counted once, replays allowed
+    assert caps.charge(second) == [False] * 600  # limit 1 reached for every user
+    assert {client.get(b.key) for b in buckets} == {b"1"}

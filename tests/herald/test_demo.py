@@ -111,9 +111,14 @@ def test_demo_without_a_stack_says_how_to_start_one(tmp_path: Path) -> None:
     assert "make run" in out.stderr and "Traceback" not in out.stderr
 
 
+@pytest.mark.timeout(1800)
 def test_demo_on_a_full_stack_passes_every_scene(tmp_path: Path) -> None:
     """`herald demo` starts a detached stack, runs the six scenes, stops the stack."""
-    out = herald("demo", "--campaign-size", "3000", run_dir=tmp_path, timeout=1500)
+    try:
+        out = herald("demo", "--campaign-size", "3000", run_dir=tmp_path, timeout=1500)
+    finally:
+        if read_state(tmp_path) is not None:  # the demo was killed before its own cleanup
+            herald("down", run_dir=tmp_path, timeout=300)
     text = out.stdout + out.stderr
     assert out.returncode == 0, text
     assert "6 of 6 scenes passed" in text, text

@@ -224,7 +224,7 @@ def _start_api(env: dict[str, str], port: int, log: Path, workers: int) -> subpr
     )  # fmt: skip
     import httpx
 
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 180  # a loaded machine starts uvicorn slowly
     while time.monotonic() < deadline:
         try:
             if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:

@@ -264,6 +264,7 @@ class Connection(asyncio.Protocol):
                 stream.future.set_result(None)
             else:
                 stream.future.set_exception(exc)
+                self._window.set()  # a body send waiting for window sees its stream is gone
         if self.closed and not self.streams:
             self._close_transport()  # draining after GOAWAY: the last stream is done
         self.pool._capacity_changed()
@@ -397,4 +398,5 @@ class Connection(asyncio.Protocol):
         self._out.append(frame(RST_STREAM, 0, sid, _U32.pack(CANCEL)))
         self.flush_soon()
         stream.future.set_exception(httpx.ReadTimeout("no response in time"))
+        self._window.set()
         self.pool._capacity_changed()

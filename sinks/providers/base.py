@@ -93,7 +93,15 @@ class ProviderClient(ABC):
         self, config: HttpConfig, transport: httpx.AsyncBaseTransport | None = None
     ) -> None:
         self.config = config
-        self._sem = asyncio.Semaphore(config.max_concurrency)
+        http2 = self.http2 or bool(getattr(config, "http2", False))
+        # HTTP/1.1 carries one request at a time per connection: more in flight than there are
+        # connections would only queue inside httpx's pool, where a slow provider turns the wait
+        # into PoolTimeout, a false "connect error" that reschedules the message and feeds the
+        # breaker (a campaign then crawls, or stalls behind an open breaker). Queue here instead.
+        in_flight = config.max_concurrency
+        if not http2:
+            in_flight = min(in_flight, config.max_connections)
+        self._sem = asyncio.Semaphore(in_flight)
         self.timeouts = {
             "connect": config.connect_timeout_s,
             "read": config.timeout_s,
@@ -103,7 +111,7 @@ class ProviderClient(ABC):
         self.http = httpx.AsyncClient(
             transport=transport,
             base_url=config.base_url,
-            http2=self.http2 or bool(getattr(config, "http2", False)),
+            http2=http2,
             http1=not self.http2,
             verify=ssl_context(config),
             limits=httpx.Limits(

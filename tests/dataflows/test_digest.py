@@ -35,7 +35,7 @@ IMPORT = "dataflows.digest:build_flow()"
 REQUESTS = "herald.requests.normal"
 # Every window of the storm ends this long after the test starts (events are backdated by
 # window length - MARGIN), so the test waits MARGIN seconds instead of ten minutes.
-MARGIN = 35
+MARGIN = 90
 
 
 def event(

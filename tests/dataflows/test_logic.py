@@ -22,6 +22,7 @@ class FakeClock(Clock):
     """A settable job clock."""
 
     def __init__(self, now: datetime) -> None:
+        super().__init__()  # offset 0: notify_at's system-clock instants equal job-clock ones
         object.__setattr__(self, "at", now)
 
     def now(self) -> datetime:

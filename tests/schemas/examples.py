@@ -107,6 +107,14 @@ def _delivery() -> dict[str, Any]:
         "first_attempt_at": NOW,
         "fallback": ["sms:sms_b", "push"],
         "created_at": NOW,
+        "fallback_content": [
+            {
+                "channel": "push",
+                "locale": "de-CH",
+                "template_version": 3,
+                "rendered": {"title": "Code", "body": "Your code", "subject": None, "data": {}},
+            }
+        ],
     }
 
 

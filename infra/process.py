@@ -43,19 +43,31 @@ _SERVER_PORTS = (20000, 32000)
 _rng = random.SystemRandom()
 
 
+_handed_out: set[int] = set()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago, outside the ephemeral range when possible."""
+    """A TCP port that was free a moment ago, outside the ephemeral range when possible.
+
+    Never the same port twice in one process: the launcher picks every port before the
+    services bind them, so a port given to a service that has not bound it yet still looks free
+    (two services once got the same port and the second failed to start)."""
     for _ in range(64):
         port = _rng.randrange(*_SERVER_PORTS)
+        if port in _handed_out:
+            continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             try:
                 sock.bind((host, port))
             except OSError:
                 continue
-            return port
+        _handed_out.add(port)
+        return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+        port = int(sock.getsockname()[1])
+    _handed_out.add(port)
+    return port
 
 
 def port_open(host: str, port: int, timeout: float = 0.5) -> bool:

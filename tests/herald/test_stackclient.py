@@ -53,8 +53,6 @@ def test_otp_round_trip_through_api_simulator_and_clickhouse(client: StackClient
     assert prefs["timezone"] == "Europe/Berlin"
     device_id = client.put_device(user, "apns", "a" * 64)
     assert device_id in {d["device_id"] for d in client.contact_points(user)["devices"]}
-    # plan learns contact points from their changelog topic (README known limits)
-    time.sleep(5)
     for name in ("sms_a", "sms_b"):
         client.sim(name).reset()
     nid = client.send(

@@ -1,4 +1,4 @@
-"""Load and observation for the fault-injection run (bench/recovery.py, tests/e2e/test_faults.py).
+"""Load and observation for the fault-injection run (bench/recovery.py, tests/e2e_faults).
 
     Producer     POSTs requests at a steady rate from a pool of threads; a request whose POST
                  failed (connection refused while the API is down, 503 while Redis restarts,

@@ -19,7 +19,7 @@ At the end the pipeline settles and the ledger (herald/ledger.py) matches every 
 delivery against ClickHouse delivery events and the providers' accepted ids: losses (must be
 0), duplicates (only in the two-phase guard's crash window), deliveries Herald recorded as
 provider-accepted whose copy no snapshot saw (accepted by a simulator just before it was killed).
-tests/e2e/test_faults.py runs this and asserts on it.
+tests/e2e_faults/test_faults.py runs this and asserts on it.
 """
 
 from __future__ import annotations

@@ -42,9 +42,10 @@ from tests.e2e._stack import E2EStack, herald_cli, kill_leftovers, stack_pids, s
 POOL_SIZE = 160
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def e2e() -> Iterator[E2EStack]:
-    """The full stack for the session; stopped (and every process gone) at the end.
+    """The full stack for the tests of this package; stopped (and every process gone) after the
+    last of them, so its 24 idle processes don't load the rest of the suite.
 
     Its run directory is made with tempfile, not pytest's tmp_path_factory: other pytest
     sessions on this machine prune pytest's numbered temp directories while this one runs."""
@@ -76,7 +77,7 @@ def e2e() -> Iterator[E2EStack]:
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def pool(e2e: E2EStack) -> UserPool:
     """Users with a verified phone and email, known to the plan jobs (see UserPool)."""
     return UserPool(e2e.client, POOL_SIZE)

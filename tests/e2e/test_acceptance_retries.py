@@ -100,7 +100,9 @@ def test_expired_dead_letter_is_not_sent_by_replay(
         short: sms.send(otp_body(f"{tag}-s", short, expire_at=expire_short.isoformat())),
         long_: sms.send(otp_body(f"{tag}-l", long_)),
         retrying: sms.send(
-            otp_body(f"{tag}-r", retrying, expire_at=(now + timedelta(seconds=4)).isoformat())
+            # 3 s: four attempts at least 1 s apart (Retry-After) need more than that, so the
+            # OTP expires while retrying instead of exhausting its attempts (4 s did on an idle box)
+            otp_body(f"{tag}-r", retrying, expire_at=(now + timedelta(seconds=3)).isoformat())
         ),
     }
     failed = wait_all(sms, [nid[short], nid[long_]], "sms", {"FAILED_PERMANENT"}, timeout=90)

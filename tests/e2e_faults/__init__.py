@@ -1,0 +1,1 @@
+"""Fault injection on a full stack of its own (after tests/e2e has stopped its stack)."""

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -13,30 +11,19 @@ import pytest
 
 from herald.stackclient import ApiError, StackClient, StackNotRunningError
 from infra.process import pid_alive
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def herald(*args: str, run_dir: Path, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "herald.cli", *args, "--run-dir", str(run_dir)],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=REPO,
-    )
+from tests.e2e._stack import herald_cli
 
 
 @pytest.fixture(scope="module")
 def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackClient]:
     run_dir = tmp_path_factory.mktemp("stackclient-run")
-    up = herald("up", "--detach", run_dir=run_dir)
+    up = herald_cli("up", "--detach", run_dir=run_dir)
     assert up.returncode == 0, up.stdout + up.stderr
     try:
         with StackClient.from_run_dir(run_dir) as stack:
             yield stack
     finally:
-        down = herald("down", run_dir=run_dir)
+        down = herald_cli("down", run_dir=run_dir)
         assert down.returncode == 0, down.stdout + down.stderr
 
 

@@ -151,7 +151,7 @@ class BreakerConfig:
     probes: int = 3
     probe_timeout_s: float = 10.0
     sync_interval_s: float = 0.25
-    flush_every: int = 20
+    flush_every: int = 500
 
     def __post_init__(self) -> None:
         if not 0.0 < self.error_rate <= 1.0:

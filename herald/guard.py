@@ -46,6 +46,17 @@ if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return {1, ''} 
 return {0, redis.call('GET', KEYS[1]) or '', redis.call('PTTL', KEYS[1])}
 """
 
+# The same for a batch in one call (one Redis node: keys of many slots): KEYS guard keys;
+# ARGV value_1, ttl_1, value_2, ttl_2, ... Returns one `_ACQUIRE` reply per key, in order.
+_ACQUIRE_MANY = """
+local out = {}
+for i, key in ipairs(KEYS) do
+  if redis.call('SET', key, ARGV[2 * i - 1], 'NX', 'PX', ARGV[2 * i]) then out[i] = {1, ''}
+  else out[i] = {0, redis.call('GET', key) or '', redis.call('PTTL', key)} end
+end
+return out
+"""
+
 # KEYS[1] guard key; ARGV: expected value, new value ('' = delete), ttl_ms. 1 if swapped.
 _SWAP_IF_OWNED = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
@@ -113,6 +124,9 @@ class SendGuard:
         self._prefix = prefix
         self._two_phase = two_phase_classes
         self._acquire = client.register_script(_ACQUIRE)
+        self._acquire_many = client.register_script(_ACQUIRE_MANY)
+        # A Cluster spreads the keys over slots: one script call per key there, pipelined.
+        self._single_node = not isinstance(client, redis.RedisCluster)
         self._swap = client.register_script(_SWAP_IF_OWNED)
 
     def acquire(self, delivery_id: str, traffic_class: GuardClass) -> GuardResult:
@@ -120,17 +134,28 @@ class SendGuard:
         return self.acquire_many([(delivery_id, traffic_class)])[0]
 
     def acquire_many(self, items: Sequence[tuple[str, GuardClass]]) -> list[GuardResult]:
-        """`acquire` for a batch in one pipelined round trip; results in the same order."""
-        pipe = self._client.pipeline(transaction=False)
+        """`acquire` for a batch in one round trip (one script call on a single Redis node,
+        a pipeline of per-key calls on a Cluster); results in the same order."""
+        if not items:
+            return []
+        base = uuid.uuid4().hex[:24]  # one random owner prefix per batch, unique per key
+        keys: list[str] = []
+        args: list[str | int] = []
         tokens: list[tuple[str, bool]] = []
-        for delivery_id, traffic_class in items:
+        for i, (delivery_id, traffic_class) in enumerate(items):
             two_phase = traffic_class in self._two_phase
-            token = uuid.uuid4().hex
-            value = f"PENDING:{token}" if two_phase else f"CLAIMED:{token}"
-            ttl = self._pending_ms if two_phase else self._sent_ms
-            self._acquire(keys=[self._key(delivery_id)], args=[value, ttl], client=pipe)
+            token = f"{base}{i:08x}"
+            keys.append(self._key(delivery_id))
+            args.append(f"PENDING:{token}" if two_phase else f"CLAIMED:{token}")
+            args.append(self._pending_ms if two_phase else self._sent_ms)
             tokens.append((token, two_phase))
-        replies = pipe.execute()
+        if self._single_node:
+            replies = self._acquire_many(keys=keys, args=args)
+        else:
+            pipe = self._client.pipeline(transaction=False)
+            for i, key in enumerate(keys):
+                self._acquire(keys=[key], args=args[2 * i : 2 * i + 2], client=pipe)
+            replies = pipe.execute()
         return [
             _result(delivery_id, token, two_phase, reply)
             for (delivery_id, _), (token, two_phase), reply in zip(
@@ -159,6 +184,16 @@ class SendGuard:
         """
         key = self._key(guard.delivery_id)
         return bool(self._swap(keys=[key], args=[_owned_value(guard), "", 0]))
+
+    def release_many(self, guards: Sequence[Proceed]) -> list[bool]:
+        """`release` for a batch in one pipelined round trip; results in the same order."""
+        if not guards:
+            return []
+        pipe = self._client.pipeline(transaction=False)
+        for guard in guards:
+            key = self._key(guard.delivery_id)
+            self._swap(keys=[key], args=[_owned_value(guard), "", 0], client=pipe)
+        return [bool(reply) for reply in pipe.execute()]
 
     def mark_unknown(self, guard: Proceed) -> bool:
         """The outcome is unknown: keep redeliveries away (long TTL) while it is reconciled."""

@@ -105,6 +105,7 @@ class Dispatcher:
         self.fallbacks = FallbackRouter(catalog, contacts)
         self._policies: dict[tuple[str, str], tuple[RetryPolicy, bool]] = {}
         self._rng = random.Random()
+        self._releases: list[Proceed] = []  # released together at the end of the batch
 
     def dispatch(self, batch: Batch) -> Outputs:
         """Dispatch a batch (see the module docstring); never raises for provider trouble."""
@@ -352,10 +353,14 @@ class Dispatcher:
                 self._release(it)
             elif it.guard_op == "unknown":
                 self.guard.mark_unknown(it.guard)
+        releases, self._releases = self._releases, []
+        self.guard.release_many(releases)
 
     def _release(self, it: Item) -> None:
+        """Release `it`'s guard with the batch's other releases (before `dispatch` returns, so
+        before its retry record is produced)."""
         if it.guard is not None:
-            self.guard.release(it.guard)
+            self._releases.append(it.guard)
             it.guard = None
 
     def _count(self, out: Outputs) -> None:

@@ -70,7 +70,7 @@ class BreakerModel(_Model):
     probes: int = 3
     probe_timeout_s: float = 10.0
     sync_interval_s: float = 0.25
-    flush_every: int = 20
+    flush_every: int = 500
 
     def build(self) -> BreakerConfig:
         """The validated BreakerConfig."""

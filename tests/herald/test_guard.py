@@ -198,3 +198,14 @@ def test_batch_acquire_and_mark_sent(client: redis.Redis, prefix: str) -> None:
     guard.mark_sent_many([(p, f"id-{p.delivery_id}") for p in proceeds])
     again = guard.acquire_many([("m1", "transactional"), ("m3", "bulk")])
     assert again == [AlreadySent("m1", "sent", "id-m1"), AlreadySent("m3", "claimed")]
+
+
+def test_batch_release_frees_only_the_callers_own_keys(client: redis.Redis, prefix: str) -> None:
+    guard = make_guard(client, prefix)
+    assert guard.release_many([]) == []
+    mine = guard.acquire_many([("r1", "transactional"), ("r2", "bulk")])
+    assert all(isinstance(r, Proceed) for r in mine)
+    stale = Proceed("r1", "not-the-owner", two_phase=True)
+    assert guard.release_many([stale, *mine]) == [False, True, True]  # type: ignore[list-item]
+    again = guard.acquire_many([("r1", "transactional"), ("r2", "bulk")])
+    assert all(isinstance(r, Proceed) for r in again)

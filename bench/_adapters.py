@@ -116,7 +116,7 @@ def digest(quick: bool = False) -> dict[str, Any]:
     """Like events/s through dataflows.digest beside Kafka consume→produce of the same events."""
     from bench import digest as scenario
 
-    events, recipients = (50_000, 10_000) if quick else (300_000, 20_000)
+    events, recipients = (50_000, 10_000) if quick else (1_000_000, 20_000)
     data = _fresh_stack(lambda s: scenario.run(s, events, recipients))
     base = _get(data, "baseline consume->produce rec/s")
     figs = [
@@ -124,10 +124,14 @@ def digest(quick: bool = False) -> dict[str, Any]:
                "events/s", baseline=base, baseline_name=KAFKA, target="≥ 100k/s"),
         figure("digest events/s, 2 processes", _get(data, "digest events/s, 2 processes"),
                "events/s", baseline=base, baseline_name=KAFKA),
+        figure("digest events/s, 2 processes, start-up excluded",
+               _get(data, "digest events/s, 2 processes, start-up excluded"), "events/s",
+               baseline=base, baseline_name=KAFKA, target="≥ 100k/s on 2 cores"),
     ]  # fmt: skip
     notes = [
         f"{events:,} likes on {recipients:,} recipients' posts (active keys), windows "
-        "open (ingest rate of the aggregation); 2-process figure includes startup."
+        "open (ingest rate of the aggregation); the 2-process figure includes start-up, "
+        "the same job over an empty topic measures it (subtracted in the last figure)."
     ]
     return result("digest: like events through dataflows.digest", figs, notes=notes,
                   details=data)  # fmt: skip
@@ -148,7 +152,7 @@ def _shaping_plot(shaping: dict[str, Any]) -> dict[str, Any]:
 def dispatch(quick: bool = False) -> dict[str, Any]:
     """Provider sends/s per channel beside the bare provider client; APNs shaping."""
     quick_argv = ["--push", "1000", "--other", "300", "--rate", "200"]
-    argv = quick_argv if quick else ["--push", "8000", "--other", "1500"]
+    argv = quick_argv if quick else ["--push", "30000", "--other", "1500", "--processes", "2"]
     data = _json_main("bench.dispatch", argv)
     figs = []
     plots: list[dict[str, Any]] = []

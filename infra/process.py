@@ -23,19 +23,6 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 
-def _child_setup(nice: int) -> Callable[[], None]:
-    """What a child runs before exec: lower its CPU priority by `nice`, die with its parent."""
-
-    def setup() -> None:  # pragma: no cover - runs in the child before exec
-        if nice:
-            with contextlib.suppress(OSError):
-                os.nice(nice)
-        if sys.platform == "linux":
-            _die_with_parent()
-
-    return setup
-
-
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
     """Ask Linux to SIGTERM this child when the process that started it dies (even by SIGKILL).
 
@@ -165,7 +152,6 @@ class ManagedProcess:
     log_path: Path
     env: Mapping[str, str] = field(default_factory=dict)
     cwd: Path | None = None
-    nice: int = 0  # added to the child's niceness (lower CPU priority)
     proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
@@ -181,7 +167,7 @@ class ManagedProcess:
                 env=env,
                 cwd=self.cwd,
                 start_new_session=True,
-                preexec_fn=_child_setup(self.nice),
+                preexec_fn=_die_with_parent if sys.platform == "linux" else None,
             )
         log.info("process.started name=%s pid=%s", self.name, self.proc.pid)
 

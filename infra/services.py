@@ -76,9 +76,6 @@ class Component:
     # processes that job's cluster has; None for everything else.
     job: str | None = None
     processes: int = 1
-    # CPU niceness of the process (0: normal). Bulk-class jobs run at BULK_NICE so that on a
-    # shared machine a campaign's fan-out and sends never take the CPU an OTP needs.
-    nice: int = 0
 
 
 def tansu_binary() -> str:
@@ -269,13 +266,6 @@ def process_name(job: str, index: int) -> str:
     return job if index == 0 else f"{job}-p{index}"
 
 
-# Niceness of the bulk-class jobs (plan_bulk, dispatch_bulk, retry_bulk): the scheduler gives a
-# nice-10 process about a tenth of a nice-0 one's CPU share when both want it, so transactional
-# and normal jobs run first while a campaign drains on what is left (issue 4, "Isolation").
-# Production gives each job its own pods and CPU requests instead (infra/deploy).
-BULK_NICE = 10
-
-
 def bytewax_job(
     name: str,
     import_str: str,
@@ -321,7 +311,6 @@ def bytewax_job(
         argv=argv,
         healthy=lambda ctx: True,
         address=address,
-        nice=BULK_NICE if name.endswith("_bulk") else 0,
         ready_timeout=ready_timeout,
         ports=(metrics_port, *(cluster if index == 0 else ())),
         env=lambda ctx: {

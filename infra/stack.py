@@ -176,7 +176,6 @@ class Stack:
             argv=component.argv(self.ctx),
             log_path=self.run_dir / "logs" / f"{component.name}.log",
             env={**self.ctx.child_env(), **(component.env(self.ctx) if component.env else {})},
-            nice=component.nice,
         )
 
     def _start_all(self, components: list[Component]) -> None:

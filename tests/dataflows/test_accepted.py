@@ -151,7 +151,8 @@ class Job:
         if self.running():
             os.killpg(self.proc.pid, sig)
         try:
-            output, _ = self.proc.communicate(timeout=15)
+            # a clean stop flushes the sinks first: on a loaded 2-core machine that took > 15 s
+            output, _ = self.proc.communicate(timeout=90)
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)
             output, _ = self.proc.communicate()

@@ -23,6 +23,22 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 
+def reset_sigint() -> None:  # pragma: no cover - runs in the child before exec
+    """`preexec_fn` for a child stopped with SIGINT: SIGINT back to its default action.
+
+    A shell starts background commands with SIGINT ignored, and an ignored signal stays ignored
+    across exec: Python then never installs its KeyboardInterrupt handler, and a Bytewax job
+    launched from there would ignore the clean stop (and be killed after the timeout).
+    """
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _child_setup() -> None:  # pragma: no cover - runs in the child before exec
+    reset_sigint()
+    if sys.platform == "linux":
+        _die_with_parent()
+
+
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
     """Ask Linux to SIGTERM this child when the process that started it dies (even by SIGKILL).
 
@@ -167,7 +183,7 @@ class ManagedProcess:
                 env=env,
                 cwd=self.cwd,
                 start_new_session=True,
-                preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+                preexec_fn=_child_setup,
             )
         log.info("process.started name=%s pid=%s", self.name, self.proc.pid)
 

@@ -15,6 +15,7 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from herald.config import HeraldSettings
+from infra.process import reset_sigint
 from tests.dataflows.helpers import consume, decoder, encoder, produce
 
 REPO = Path(__file__).resolve().parents[2]
@@ -163,6 +164,7 @@ class Job:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                preexec_fn=reset_sigint,  # SIGINT is the clean stop, even from a background shell
             )
 
     def running(self) -> bool:

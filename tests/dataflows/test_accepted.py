@@ -19,6 +19,7 @@ from dataflows.accepted import EVENTS_TOPIC, accepted_event, build_flow, event_c
 from herald.config import HeraldSettings
 from herald.ids import event_id
 from infra.clickhouse import herald_client
+from infra.process import reset_sigint
 from schemas import load_schema
 from tests.dataflows.helpers import consume, decoder, encoder, produce
 from tests.schemas.examples import NOW, example
@@ -141,6 +142,7 @@ class Job:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=reset_sigint,  # SIGINT is the clean stop, even from a background shell
         )
 
     def running(self) -> bool:
@@ -151,8 +153,7 @@ class Job:
         if self.running():
             os.killpg(self.proc.pid, sig)
         try:
-            # a clean stop flushes the sinks first: on a loaded 2-core machine that took > 15 s
-            output, _ = self.proc.communicate(timeout=90)
+            output, _ = self.proc.communicate(timeout=15)
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)
             output, _ = self.proc.communicate()

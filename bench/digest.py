@@ -44,6 +44,7 @@ from schemas.registry import make_registry
 from sinks.kafka import topic_serializer
 
 TOPIC = "herald.social-events"
+BOUNDED_JOB = "dataflows.digest:build_flow(bounded=True)"  # stops at the end of the topic
 
 
 def like_events(settings: HeraldSettings, n: int, recipients: int) -> Iterator[tuple[bytes, bytes]]:
@@ -80,7 +81,7 @@ def run(base: HeraldSettings, events: int = 1_000_000, recipients: int = 20_000)
         job_s, job_cpu = time.perf_counter() - started, time.process_time() - cpu
         logs = base.run.run_dir / "bench-logs" / settings.kafka.topic_prefix
         logs.mkdir(parents=True)
-        two_s = run_job(settings, "dataflows.digest:build_flow(bounded=True)", 2, logs)
+        two_s = run_job(settings, BOUNDED_JOB, 2, logs)
         idle_s = _startup_s(base, logs)
         cpu = time.process_time()
         baseline = raw_baseline(settings, [TOPIC], events)
@@ -115,7 +116,7 @@ def _startup_s(base: HeraldSettings, logs: Path) -> float:
     cluster handshake, recovery store and end-of-topic detection (the fixed cost)."""
     empty = scenario_settings(base, "digest-empty")
     try:
-        return run_job(empty, "dataflows.digest:build_flow(bounded=True)", 2, logs)
+        return run_job(empty, BOUNDED_JOB, 2, logs)
     finally:
         drop_topics(empty)
 

@@ -182,8 +182,7 @@ class SendGuard:
 
         Never call it after an `Unknown` outcome. Returns False when the key is no longer ours.
         """
-        key = self._key(guard.delivery_id)
-        return bool(self._swap(keys=[key], args=[_owned_value(guard), "", 0]))
+        return self.release_many([guard])[0]
 
     def release_many(self, guards: Sequence[Proceed]) -> list[bool]:
         """`release` for a batch in one pipelined round trip; results in the same order."""

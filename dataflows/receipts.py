@@ -9,6 +9,8 @@
     fold_delivery -> new delivery_events (DELIVERED, READ, OPENED, CLICKED, FAILED_PERMANENT,
                      DELIVERY_UNKNOWN ...) -> herald.delivery-events
                   -> hot status, compare-and-set in Redis (herald.status_keys)
+                  -> dead addresses (bounce, spam report, carrier "dead number") -> the phone or
+                     email disabled in the user's contact points (sinks/addresses.py)
                   -> every receipt event with its outcome -> ClickHouse receipt_events
                   -> receipts no delivery claimed within the TTL -> herald.dead-letters
                      (reason receipt_unmatched; `herald replay` re-drives them)
@@ -34,11 +36,20 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from dataflows._common import produce_with_dead_letters
 from herald.config import HeraldSettings
-from herald.delivery_fold import DeliveryFold, Emit, Fact, FoldConfig, MsgJoin, Unmatched
+from herald.delivery_fold import (
+    DeadAddress,
+    DeliveryFold,
+    Emit,
+    Fact,
+    FoldConfig,
+    MsgJoin,
+    Unmatched,
+)
 from herald.metrics import JobMetrics, MetricsSettings, serve_metrics
 from herald.receipts import BadReceipt, ReceiptEvent, join_key, normalize
 from herald.status_keys import StatusUpdate
 from schemas.registry import make_registry
+from sinks.addresses import AddressSink
 from sinks.clickhouse import ClickHouseSink
 from sinks.kafka import dead_letter, encode_avro, topic_serializer
 from sinks.redis_status import StatusSink
@@ -269,7 +280,7 @@ def build_flow(
         op.merge("fold_in", events_keyed, receipts_hinted, receipts_joined),
         lambda state: _FoldLogic(cfg, state),
     )  # fmt: skip
-    # (delivery_id, Emit | StatusUpdate | Fact | Unmatched)
+    # (delivery_id, Emit | StatusUpdate | Fact | Unmatched | DeadAddress)
     outputs = op.key_rm("fold_unkey", folded)
     op.inspect("count", outputs, _count(metrics))
 
@@ -280,6 +291,8 @@ def build_flow(
     )  # fmt: skip
     statuses = op.filter("statuses", outputs, lambda o: isinstance(o, StatusUpdate))
     op.output("status_out", statuses, StatusSink(settings.redis))
+    dead_addresses = op.filter("dead_addresses", outputs, lambda o: isinstance(o, DeadAddress))
+    op.output("addresses_out", dead_addresses, AddressSink(settings))
     facts = op.filter_map("facts", outputs, lambda o: o.row if isinstance(o, Fact) else None)
 
     unmatched = op.merge(

@@ -9,7 +9,7 @@ so the defaults below only matter for a process started by hand.
 
 | class              | prefix               | production example                                   |
 |--------------------|----------------------|------------------------------------------------------|
-| KafkaSettings      | HERALD_KAFKA_        | HERALD_KAFKA_BOOTSTRAP_SERVERS=b1:9093,b2:9093        |
+| KafkaSettings      | HERALD_KAFKA_        | HERALD_KAFKA_BOOTSTRAP_SERVERS=b1:9093,b2:9093       |
 | RegistrySettings   | HERALD_REGISTRY_     | HERALD_REGISTRY_URL=https://sr.example.com           |
 | RedisSettings      | HERALD_REDIS_        | HERALD_REDIS_URL=rediss://redis.example.com:6380/0   |
 | ClickHouseSettings | HERALD_CLICKHOUSE_   | HERALD_CLICKHOUSE_DSN=https://user:pw@ch:8443/herald |

@@ -15,6 +15,8 @@ the owner must call `on_timer(now)`; `expired(now)` says the state may be discar
     StatusUpdate            the delivery's new current state for the hot status (Redis)
     Fact(row)               one normalized receipt and what it did (ClickHouse receipt_events)
     Unmatched(event)        a receipt no delivery claimed within its TTL (kept, re-drivable)
+    DeadAddress(...)        a receipt said the phone/email the delivery went to is dead
+                            (herald.receipts.kills_address): disable that address
 """
 
 from __future__ import annotations
@@ -25,11 +27,12 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from herald import ids, states
-from herald.receipts import ReceiptEvent
+from herald.receipts import ReceiptEvent, kills_address
 from herald.status_keys import StatusUpdate
 
 __all__ = [
     "Context",
+    "DeadAddress",
     "DeliveryFold",
     "Emit",
     "Fact",
@@ -82,7 +85,17 @@ class Unmatched:
     event: ReceiptEvent
 
 
-Output = Emit | StatusUpdate | Fact | Unmatched
+@dataclass(frozen=True, slots=True)
+class DeadAddress:
+    """Disable `user_id`'s address on `channel` if it still has the tag the message went to."""
+
+    user_id: str
+    channel: str
+    address_tag: str
+    reason: str
+
+
+Output = Emit | StatusUpdate | Fact | Unmatched | DeadAddress
 
 
 @dataclass(slots=True)
@@ -101,6 +114,7 @@ class Context:
     attempt: int = 0
     accepted_at: datetime | None = None
     provider_accepted_at: datetime | None = None
+    address_tag: str | None = None  # of the address the accepted attempt went to
 
     @classmethod
     def of(cls, event: Mapping[str, Any]) -> Context:
@@ -129,6 +143,8 @@ class Context:
             self.accepted_at = occurred - timedelta(milliseconds=int(event["latency_ms"]))
         if event.get("state") == states.State.PROVIDER_ACCEPTED:
             self.provider_accepted_at = occurred
+            tag = (event.get("attributes") or {}).get("address_tag")
+            self.address_tag = tag or getattr(self, "address_tag", None)
 
 
 def _ms(value: datetime) -> int:
@@ -267,6 +283,11 @@ class DeliveryFold:
         self.seen.add(ev.provider_event_id)
         outcome = self._apply(ev.state or "", ev, None, now, cfg, out)
         out.append(Fact(fact_row(ev, outcome, now, self.ctx)))
+        # a snapshot taken before Context had the field has no tag: nothing to compare with
+        tag = getattr(self.ctx, "address_tag", None)
+        if tag and ev.reason and kills_address(ev):
+            assert self.ctx is not None
+            out.append(DeadAddress(self.ctx.user_id, self.ctx.channel, tag, ev.reason))
 
     def _apply(
         self, target: str, ev: ReceiptEvent | None, topic_event: dict[str, Any] | None,

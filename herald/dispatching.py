@@ -33,6 +33,7 @@ from herald import ids
 from herald.backoff import BackoffPolicy
 from herald.outcomes import Outcome
 from herald.policy import Preferences
+from herald.receipts import address_tag
 from herald.retry import (
     Action,
     AttemptContext,
@@ -364,10 +365,15 @@ class _EventMaker:
     def accepted(self, msg_id: str) -> dict[str, Any]:
         created = _aware(self.delivery.get("created_at"))
         since = int((self.now - created).total_seconds() * 1000) if created else None
+        attrs = self._attrs()
+        address = self.delivery.get("address")
+        if address and self.delivery["channel"] in ("sms", "email"):
+            # which address a later "dead address" receipt is about (herald.receipts)
+            attrs["address_tag"] = address_tag(str(address))
         return event(self.delivery, State.PROVIDER_ACCEPTED, attempt=self.attempt, now=self.now,
                      provider=self.provider, provider_msg_id=msg_id or None,
                      latency_ms=max(since, 0) if since is not None else None,
-                     attributes=self._attrs())  # fmt: skip
+                     attributes=attrs)  # fmt: skip
 
 
 def _retry(

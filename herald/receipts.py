@@ -37,9 +37,12 @@ import orjson
 
 __all__ = [
     "CHANNEL_OF",
+    "DEAD_ADDRESS",
     "BadReceipt",
     "ReceiptEvent",
+    "address_tag",
     "join_key",
+    "kills_address",
     "normalize",
 ]
 
@@ -101,6 +104,18 @@ _INTERNAL: Mapping[str, tuple[str | None, str | None]] = {
 }
 
 
+# Receipts that say the address itself is dead (PROVIDERS.md §6, token_dead column): provider ->
+# receipt reasons. Twilio 21610 (the recipient replied STOP) and 30006 (landline or unreachable
+# carrier); Vonage DLR err 3 (absent subscriber, permanent), 4 (barred by the user), 9 (illegal
+# number); SendGrid hard bounce (not `blocked`, which is the receiving server's policy), spam
+# report and unsubscribe.
+DEAD_ADDRESS: Mapping[str, frozenset[str]] = {
+    "sms_a": frozenset({"twilio_21610", "twilio_30006"}),
+    "sms_b": frozenset({"vonage_err_3", "vonage_err_4", "vonage_err_9"}),
+    "email": frozenset({"bounce", "spamreport", "unsubscribe"}),
+}
+
+
 class BadReceipt(ValueError):
     """A raw receipt that cannot be normalized at all (dead-lettered with `reason`)."""
 
@@ -138,6 +153,26 @@ class ReceiptEvent:
 def join_key(provider: str, provider_msg_id: str) -> str:
     """Key joining a receipt to the PROVIDER_ACCEPTED event that recorded the same message."""
     return f"{provider}|{provider_msg_id}"
+
+
+def kills_address(ev: ReceiptEvent) -> bool:
+    """True when the receipt says the phone number or email address can't be used again."""
+    return ev.reason in DEAD_ADDRESS.get(ev.provider, ())
+
+
+def address_tag(address: str) -> str:
+    """A short digest of a phone number or email address (the first 8 hex digits of its SHA-256,
+    email case-folded).
+
+    Dispatch puts it on PROVIDER_ACCEPTED (attribute `address_tag`) so that a later receipt
+    saying "this address is dead" disables the address the message went to, and not the one
+    the user has set since, while events and receipts still hold no address (32 bits tell two
+    addresses of one user apart; they don't name anybody).
+    """
+    value = address.strip()
+    if "@" in value:
+        value = value.lower()
+    return hashlib.sha256(value.encode()).hexdigest()[:8]
 
 
 def normalize(raw: Mapping[str, Any]) -> list[ReceiptEvent]:

@@ -18,6 +18,9 @@ points (the API's device routes hold the same lock).
   address (Twilio 21211/21614, SendGrid invalid address): the phone (or email) is removed from
   the record when it is still the one that was rejected, so later plans skip that channel
   (`no_contact_point`) while the user's other channels are still served.
+  `disable_matching(user, channel, matches, publish)` is the same with a predicate over the
+  current address (the receipts job compares `herald.receipts.address_tag`s: a bounce or a
+  carrier's "dead number" receipt names no address).
 - `reachability(user)`: (preferences, contact points record) for a cross-channel fallback's
   policy re-check (herald.fallback), one pipelined round trip.
 """
@@ -129,10 +132,22 @@ class ContactStore:
         self, user_id: str, channel: str, address: str, publish: Publish, now: datetime
     ) -> CleanupResult:
         """Remove a dead phone (channel sms) or email address from the contact points."""
+        return self.disable_matching(user_id, channel, address.__eq__, publish, now)
+
+    def disable_matching(
+        self,
+        user_id: str,
+        channel: str,
+        matches: Callable[[str], bool],
+        publish: Publish,
+        now: datetime,
+    ) -> CleanupResult:
+        """Remove the user's phone (sms) or email address when `matches(address)`."""
         name, key = _FIELDS[channel]
 
         def change(current: dict[str, Any]) -> dict[str, Any] | None:
-            if (current.get(name) or {}).get(key) != address:
+            address = (current.get(name) or {}).get(key)
+            if not address or not matches(str(address)):
                 return None  # changed since (a new number): nothing to disable
             log.info("dispatch.address_disabled channel=%s", channel)
             return {**current, name: None, "updated_at": now, "version": current["version"] + 1}

@@ -17,9 +17,11 @@ import pytest
 import redis
 from bytewax.testing import run_main
 
+from api import keys
 from dataflows.receipts import ReceiptsSettings, build_flow
 from herald import ids
 from herald.config import HeraldSettings
+from herald.receipts import address_tag
 from herald.status_keys import status_key
 from infra.clickhouse import herald_client
 from tests.dataflows.helpers import consume, decoder, encoder, produce
@@ -47,16 +49,19 @@ class World:
     def d(self, name: str) -> str:
         return f"{self.p}{name}"
 
-    def accepted(self, name: str, channel: str, provider: str, msg_id: str) -> None:
+    def accepted(
+        self, name: str, channel: str, provider: str, msg_id: str, user: str = "u-1",
+        **attributes: str,
+    ) -> None:  # fmt: skip
         """dispatch's PROVIDER_ACCEPTED event for delivery `name`."""
         delivery = self.d(name)
         event = {
             "event_id": ids.event_id(delivery, "PROVIDER_ACCEPTED", 1), "delivery_id": delivery,
-            "notification_id": self.nid, "user_id": "u-1", "tenant_id": self.tenant,
+            "notification_id": self.nid, "user_id": user, "tenant_id": self.tenant,
             "notification_type": "order_shipped", "channel": channel, "traffic_class": "normal",
             "state": "PROVIDER_ACCEPTED", "reason": None, "provider": provider,
             "provider_msg_id": msg_id, "attempt": 1, "latency_ms": 250,
-            "occurred_at": self.now, "recorded_at": self.now, "attributes": {},
+            "occurred_at": self.now, "recorded_at": self.now, "attributes": attributes,
         }  # fmt: skip
         produce(self.settings, EVENTS, [(delivery.encode(), self.enc_event(event))])
 
@@ -68,8 +73,9 @@ class World:
         }  # fmt: skip
         produce(self.settings, RAW, [(provider.encode(), self.enc_raw(record))])
 
-    def twilio(self, sid: str, status: str) -> None:
-        form = {"MessageSid": sid, "MessageStatus": status, "To": "+15550100", "ApiVersion": "x"}
+    def twilio(self, sid: str, status: str, **extra: str) -> None:
+        form = {"MessageSid": sid, "MessageStatus": status, "To": "+15550100", "ApiVersion": "x",
+                **extra}  # fmt: skip
         token = f"{sid}:{status}"  # Twilio repeats the token when it repeats a webhook
         self.receipt("sms_a", urlencode(form).encode(), "application/x-www-form-urlencoded",
                      **{"i-twilio-idempotency-token": token})  # fmt: skip
@@ -167,6 +173,51 @@ def test_out_of_order_and_duplicated_receipts_bounded(settings: HeraldSettings) 
     ]
     letters = [decoder(settings)(v) for _k, v in consume(settings, "herald.dead-letters")]
     assert [(d["job"], d["reason"]) for d in letters] == [("receipts", "unparseable_receipt")]
+
+
+def test_dead_address_receipts_disable_the_address_the_message_went_to(
+    settings: HeraldSettings,
+) -> None:
+    """A bounce and a STOP disable that email and that phone; a spam report about an address
+    the user has changed since leaves the new one alone."""
+    w = World(settings)
+    client = redis.Redis.from_url(settings.redis.url)
+    ann, bob = w.d("ann"), w.d("bob")
+    copies = {
+        ann: {"email": {"address": "Ann@Example.com", "verified": True},
+              "phone": {"e164": "+15550101", "verified": True}},
+        bob: {"email": {"address": "new@example.com", "verified": True}, "phone": None},
+    }  # fmt: skip
+    for user, fields in copies.items():
+        record = {"user_id": user, "devices": [], "updated_at": 0, "version": 3, **fields}
+        client.set(keys.contact_points(user), orjson.dumps(record))
+    w.accepted("ann-mail", "email", "email", f"{w.p}MSG1", user=ann,
+               address_tag=address_tag("ann@example.com"))  # fmt: skip
+    w.accepted("ann-sms", "sms", "sms_a", f"{w.p}SM1", user=ann,
+               address_tag=address_tag("+15550101"))  # fmt: skip
+    w.accepted("bob-mail", "email", "email", f"{w.p}MSG2", user=bob,
+               address_tag=address_tag("old@example.com"))  # fmt: skip
+    w.sendgrid(f"{w.p}MSG1", "ann-mail", "processed", "bounce")
+    w.twilio(f"{w.p}SM1", "undelivered", ErrorCode="21610")  # the recipient replied STOP
+    w.sendgrid(f"{w.p}MSG2", "bob-mail", "delivered", "spamreport")
+
+    run_main(
+        build_flow(settings, bounded=True, receipts=ReceiptsSettings()),
+        epoch_interval=timedelta(milliseconds=200),
+    )
+
+    after = {u: orjson.loads(client.get(keys.contact_points(u))) for u in (ann, bob)}
+    client.close()
+    assert (after[ann]["email"], after[ann]["phone"]) == (None, None)
+    assert after[ann]["version"] == 5  # one published change per dead address
+    assert after[bob] == {"user_id": bob, "devices": [], "updated_at": 0, "version": 3,
+                          **copies[bob]}  # fmt: skip
+    decode = decoder(settings)
+    published = [decode(v) for _k, v in consume(settings, "herald.devices")]
+    assert [(r["user_id"], r["version"]) for r in published] == [(ann, 4), (ann, 5)]
+    assert published[-1]["email"] is None and published[-1]["phone"] is None
+    assert w.status() == {w.d("ann-mail"): "FAILED_PERMANENT", w.d("ann-sms"): "FAILED_PERMANENT",
+                          w.d("bob-mail"): "DELIVERED"}  # fmt: skip
 
 
 def test_job_process_holds_expires_and_watches(

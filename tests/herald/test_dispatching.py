@@ -12,6 +12,7 @@ from herald import dispatching as dx
 from herald.backoff import BackoffPolicy
 from herald.outcomes import Accepted, Permanent, Retryable, Unknown
 from herald.policy import Preferences
+from herald.receipts import address_tag
 from herald.retry import (
     Done,
     Expire,
@@ -115,6 +116,16 @@ def test_done_marks_sent_with_latency_since_planning() -> None:
         "http_status": "201",
     }
     assert out.guard == "sent" and out.retry is None
+
+
+def test_accepted_sms_and_email_tag_the_address_they_went_to() -> None:
+    ok = Accepted("SM1", provider="sms_a", status_code=201, latency_ms=12.0)
+    sms = dx.effects(Done("SM1"), delivery(address="+15550100"), ok, provider="sms_a",
+                     attempt=1, now=NOW, first_attempt_at=NOW)  # fmt: skip
+    assert sms.events[0]["attributes"]["address_tag"] == address_tag("+15550100")
+    push = dx.effects(Done("a1"), delivery(channel="push", address="ab" * 32), ok,
+                      provider="apns", attempt=1, now=NOW, first_attempt_at=NOW)  # fmt: skip
+    assert "address_tag" not in push.events[0]["attributes"]  # a dead token answers at once
 
 
 def test_retry_counts_the_attempt_and_frees_the_guard() -> None:

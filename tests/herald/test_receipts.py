@@ -12,8 +12,16 @@ import pytest
 import redis
 
 from herald import ids, states
-from herald.delivery_fold import DeliveryFold, Emit, Fact, FoldConfig, MsgJoin, Unmatched
-from herald.receipts import BadReceipt, ReceiptEvent, normalize
+from herald.delivery_fold import (
+    DeadAddress,
+    DeliveryFold,
+    Emit,
+    Fact,
+    FoldConfig,
+    MsgJoin,
+    Unmatched,
+)
+from herald.receipts import BadReceipt, ReceiptEvent, address_tag, kills_address, normalize
 from herald.status_keys import StatusUpdate, allowed_sources, status_key, write_statuses
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -94,6 +102,34 @@ def test_sendgrid_batch_holds_many_events() -> None:
     assert "link_hash" in events[2].attributes and events[2].attributes["x.new"] == "1"
     assert "example.com" not in str([e.attributes for e in events])
     assert orjson.loads(events[1].payload) == [batch[1]]  # each event keeps its own payload
+
+
+def sendgrid(*events: dict[str, Any]) -> list[ReceiptEvent]:
+    base = {"email": "a@example.com", "sg_message_id": "MSG1.recvd-abc-1-0", "timestamp": 1}
+    batch = [{**base, "sg_event_id": f"e{i}", **e} for i, e in enumerate(events)]
+    return normalize(raw("email", orjson.dumps(batch), "application/json"))
+
+
+def test_dead_address_receipts_per_provider() -> None:
+    bounce, blocked, spam, unsub, dropped = sendgrid(
+        {"event": "bounce"}, {"event": "bounce", "type": "blocked"}, {"event": "spamreport"},
+        {"event": "unsubscribe"}, {"event": "dropped"},
+    )  # fmt: skip
+    assert [kills_address(e) for e in (bounce, blocked, spam, unsub, dropped)] == [
+        True, False, True, True, False,  # blocked: the receiving server's policy, not the address
+    ]  # fmt: skip
+    [stop] = normalize(twilio("undelivered", ErrorCode="21610"))
+    [carrier] = normalize(twilio("undelivered", ErrorCode="30003"))  # unreachable handset: retry
+    assert kills_address(stop) and not kills_address(carrier)
+    form = {"messageId": "M1", "status": "failed", "err-code": "9", "msisdn": "15550002"}
+    body = urlencode(form).encode()
+    [illegal] = normalize(raw("sms_b", body, "application/x-www-form-urlencoded"))
+    assert illegal.reason == "vonage_err_9" and kills_address(illegal)
+
+
+def test_address_tag_is_short_stable_and_case_folds_email() -> None:
+    assert address_tag("A@Example.com") == address_tag(" a@example.com") != address_tag("b@x.io")
+    assert len(address_tag("+15550100")) == 8 and address_tag("+15550100") != address_tag("+1555")
 
 
 def test_internal_events_carry_the_delivery() -> None:
@@ -229,6 +265,28 @@ def test_unmappable_receipt_is_kept_and_counted() -> None:
     fold.on_event(event("PROVIDER_ACCEPTED"), NOW, CFG)
     out = fold.on_receipt(receipt("read", "e-r"), NOW, CFG)  # sms has no read signal
     assert outcomes(out) == ["unmappable"] and fold.state is states.State.PROVIDER_ACCEPTED
+
+
+def test_bounce_names_the_address_the_message_went_to() -> None:
+    tag = address_tag("a@example.com")
+    sent = {"channel": "email", "provider": "email", "provider_msg_id": "MSG1"}
+    tagged = event("PROVIDER_ACCEPTED", attributes={"address_tag": tag}, **sent)
+    fold = DeliveryFold()
+    fold.on_event(tagged, NOW, CFG)
+    bounce, again = sendgrid({"event": "bounce"}, {"event": "bounce"})
+    out = fold.on_receipt(bounce, NOW, CFG)
+    assert emitted(out) == ["FAILED_PERMANENT"]
+    assert [o for o in out if isinstance(o, DeadAddress)] == [
+        DeadAddress("u-1", "email", tag, "bounce")
+    ]
+    assert not any(isinstance(o, DeadAddress) for o in fold.on_receipt(bounce, NOW, CFG))  # dup
+    untagged = DeliveryFold()  # sent before dispatch tagged addresses: nothing to compare with
+    untagged.on_event(event("PROVIDER_ACCEPTED", **sent), NOW, CFG)
+    assert not any(isinstance(o, DeadAddress) for o in untagged.on_receipt(again, NOW, CFG))
+    delivered = DeliveryFold()
+    delivered.on_event(tagged, NOW, CFG)
+    [ok] = sendgrid({"event": "delivered"})
+    assert not any(isinstance(o, DeadAddress) for o in delivered.on_receipt(ok, NOW, CFG))
 
 
 def test_msg_join_holds_until_the_send_record() -> None:

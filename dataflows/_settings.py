@@ -11,13 +11,13 @@ and must stay 0 in production: every time decision of the planning jobs reads `C
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from dataflows._runtime import configure_process
 from herald.config import HeraldSettings
 from herald.metrics import MetricsSettings, serve_metrics
 
@@ -78,6 +78,6 @@ def entry_settings(settings: HeraldSettings | None) -> HeraldSettings:
     (HERALD_METRICS_PORT) and load the settings from the environment."""
     if settings is not None:
         return settings
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    configure_process()
     serve_metrics(MetricsSettings())
     return HeraldSettings()

@@ -15,7 +15,6 @@ the same event; the ClickHouse table and event consumers deduplicate by it.
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -24,6 +23,7 @@ import bytewax.operators as op
 from bytewax.dataflow import Dataflow
 
 from dataflows._common import produce_with_dead_letters
+from dataflows._runtime import configure_process
 from herald import ids
 from herald.config import HeraldSettings
 from schemas import schema_text
@@ -93,9 +93,7 @@ def build_flow(settings: HeraldSettings | None = None, *, bounded: bool = False)
     `bounded=True` stops at the current end of the request topics (tests, backfills).
     """
     if settings is None:  # called as the entry point: configure the process
-        logging.basicConfig(
-            level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s"
-        )
+        configure_process()
         settings = HeraldSettings()
     registry = make_registry(settings.registry)
     kafka = settings.kafka

@@ -28,12 +28,12 @@ connections and event loop, and all share the provider budgets through Redis.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Mapping
 
 from bytewax import operators as op
 from bytewax.dataflow import Dataflow
 
+from dataflows._runtime import configure_process
 from herald.catalog import CHANNELS, TRAFFIC_CLASSES
 from herald.config import HeraldSettings
 from herald.metrics import BreakerCollector, MetricsSettings, serve_metrics
@@ -90,10 +90,7 @@ def build_flow(
     """
     topics = _topics(channel, traffic_class)
     if settings is None:
-        logging.basicConfig(
-            level=os.environ.get("HERALD_LOG_LEVEL", "INFO"),
-            format="%(asctime)s %(levelname)s %(name)s %(message)s",
-        )
+        configure_process()
         settings = HeraldSettings()
         dispatch = dispatch or DispatchSettings()
         _serve_metrics(settings, dispatch)

@@ -35,6 +35,7 @@ from bytewax.operators import StatefulLogic
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from dataflows._common import produce_with_dead_letters
+from dataflows._runtime import configure_process
 from herald.config import HeraldSettings
 from herald.delivery_fold import (
     DeadAddress,
@@ -229,9 +230,7 @@ def build_flow(
     `bounded=True` stops at the current end of both input topics (tests, backfills).
     """
     if settings is None:
-        logging.basicConfig(
-            level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s"
-        )
+        configure_process()
         settings = HeraldSettings()
         serve_metrics(MetricsSettings())
     cfg = (receipts or ReceiptsSettings()).fold_config()

@@ -26,7 +26,6 @@ restart; the second copy has the same delivery_id and is stopped by dispatch's s
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable
 from datetime import datetime
 from functools import partial
@@ -37,6 +36,7 @@ from bytewax.dataflow import Dataflow, Stream
 
 from dataflows._common import produce_with_dead_letters
 from dataflows._encode import Encoder
+from dataflows._runtime import configure_process
 from dataflows._settings import Clock
 from dataflows.schedule import BucketLogic, Release, is_keyed, is_record
 from herald.catalog import CHANNELS, TRAFFIC_CLASSES
@@ -98,10 +98,7 @@ def build_flow(
     if traffic_class not in TRAFFIC_CLASSES:
         raise ValueError(f"traffic_class must be one of {TRAFFIC_CLASSES}")
     if settings is None:
-        logging.basicConfig(
-            level=os.environ.get("HERALD_LOG_LEVEL", "INFO"),
-            format="%(asctime)s %(levelname)s %(name)s %(message)s",
-        )
+        configure_process()
         settings = HeraldSettings()
     clock = Clock()
     registry = make_registry(settings.registry)

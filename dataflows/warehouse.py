@@ -16,12 +16,12 @@ delivery_events: jobs publish events to Kafka and need no ClickHouse client of t
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import bytewax.operators as op
 from bytewax.dataflow import Dataflow
 
+from dataflows._runtime import configure_process
 from dataflows.accepted import event_columns
 from herald.config import HeraldSettings
 from herald.metrics import JobMetrics, MetricsSettings, serve_metrics
@@ -54,9 +54,7 @@ def build_flow(settings: HeraldSettings | None = None, *, bounded: bool = False)
     `bounded=True` stops at the current end of the topic (tests, backfills).
     """
     if settings is None:
-        logging.basicConfig(
-            level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s"
-        )
+        configure_process()
         settings = HeraldSettings()
         serve_metrics(MetricsSettings())
     metrics = JobMetrics(JOB)

@@ -1,0 +1,40 @@
+"""What a job process sets up when its `build_flow` is the entry point: logging and the GC.
+
+    configure_process(level=None)     logging (HERALD_LOG_LEVEL, default INFO) + tune_gc()
+    tune_gc()                         the GC thresholds below (in-process benchmarks call it too,
+                                      so that they measure what a job process runs)
+
+Garbage collector: CPython's default thresholds (700, 10, 10) collect the youngest generation
+every 700 container allocations and everything every 100 of those. A job allocates a few dicts
+per record while its long-lived objects (modules, parsed schemas, clients, Bytewax state) sit in
+the oldest generation, so full collections scan them again and again: on the dispatch job
+(100k pushes) 21% of the process's CPU went to the collector, 50 full collections of ~53 ms.
+Herald's records are acyclic (reference counting frees them), so the jobs collect less often:
+the youngest generation every 50,000 allocations, the middle one every 20 of those, the oldest
+every 100 of those. Cycles are still collected, only later; the collector's share fell to ~2.4%
+of the CPU on the same run.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+
+__all__ = ["GC_THRESHOLDS", "configure_process", "tune_gc"]
+
+GC_THRESHOLDS = (50_000, 20, 100)
+
+
+def configure_process(level: str | None = None) -> None:
+    """Configure logging and the garbage collector of a job process (entry point only)."""
+    logging.basicConfig(
+        level=level or os.environ.get("HERALD_LOG_LEVEL", "INFO"),
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+    tune_gc()
+
+
+def tune_gc() -> None:
+    """Collect less often (see the module docstring)."""
+    gc.set_threshold(*GC_THRESHOLDS)

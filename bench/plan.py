@@ -39,6 +39,7 @@ from bench._harness import (
     scenario_settings,
     topic_timestamps,
 )
+from dataflows._runtime import tune_gc
 from dataflows._settings import PlanningSettings
 from dataflows.plan import build_flow
 from herald.config import HeraldSettings
@@ -101,6 +102,7 @@ def _run_job(base: HeraldSettings, settings: HeraldSettings, name: str) -> tuple
     recovery.mkdir(parents=True)
     init_db_dir(recovery, 1)
     flow = build_flow(settings, traffic_class="bulk", planning=PlanningSettings(), bounded=True)
+    tune_gc()  # as the job process does (dataflows/_runtime.py)
     started, cpu = time.perf_counter(), time.process_time()
     run_main(flow, epoch_interval=timedelta(seconds=10), recovery_config=RecoveryConfig(recovery))
     return time.perf_counter() - started, time.process_time() - cpu

@@ -63,6 +63,7 @@ class H2Transport(httpx.AsyncBaseTransport):
         self._conns: list[Connection] = []
         self._connecting = 0
         self._capacity: asyncio.Event | None = None
+        self._origin: tuple[httpx.URL, bytes, bytes] | None = None
 
     # -- pool -------------------------------------------------------------------------------
 
@@ -155,12 +156,17 @@ class H2Transport(httpx.AsyncBaseTransport):
         never added to the HPACK table, so they don't evict the ones that repeat (the token).
         `index_path=False` keeps a per-request path out of the HPACK table too.
         """
-        if url.scheme not in ("https", "http"):
-            raise httpx.UnsupportedProtocol(f"unsupported scheme {url.scheme!r}")
+        origin = self._origin
+        if origin is None or origin[0] is not url:
+            if url.scheme not in ("https", "http"):
+                raise httpx.UnsupportedProtocol(f"unsupported scheme {url.scheme!r}")
+            # httpx.URL parses again for .netloc on every access: remember the last URL object
+            # (a provider client passes the same one on every call)
+            origin = self._origin = (url, url.raw_scheme, url.netloc)
         head = [
             (b":method", method, False),
-            (b":scheme", url.raw_scheme, False),
-            (b":authority", url.netloc, False),
+            (b":scheme", origin[1], False),
+            (b":authority", origin[2], False),
             (b":path", path, not index_path),
             *headers,
         ]

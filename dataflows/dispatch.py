@@ -100,8 +100,9 @@ def build_flow(
     deliveries = kafka_avro_input(
         "deliveries_in", flow, settings=settings, topics=topics, registry=registry,
         reader_schema="delivery", job=JOB, stop_at_end=bounded, batch_size=dispatch.batch_size,
+        timestamps="millis",
     )  # fmt: skip
-    # oks: Decoded(KafkaMessage, delivery dict); errs: dead_letter dict
+    # oks: Decoded(KafkaMessage, delivery dict, timestamps as epoch ms); errs: dead_letter dict
     sink = DispatchSink(settings, dispatch, factories=factories, hook=hook)
     op.output("dispatch", deliveries.oks, sink)
     letters = to_dead_letter_topic(

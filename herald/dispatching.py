@@ -9,7 +9,8 @@ The dispatch sink (sinks/dispatch.py, sinks/channels/) runs each delivery of a b
     provider to fail over to now
 
 and carries the effects out. Everything here is pure and works on `delivery` dicts shaped like
-schemas/delivery.avsc (timestamps as aware datetimes, as fastavro decodes them).
+schemas/delivery.avsc; timestamps may be aware datetimes or epoch milliseconds (the dispatch job
+decodes them as milliseconds, `instant` reads both).
 
 Event ids are deterministic (`herald.ids.event_id(delivery_id, state, attempt, reason)`), so a
 batch processed again after a crash emits the same ids and consumers deduplicate. `attempt` is
@@ -60,6 +61,7 @@ __all__ = [
     "due_at",
     "effects",
     "event",
+    "instant",
     "opt_out_reason",
     "parse_sent_marker",
     "provider_of",
@@ -76,7 +78,8 @@ DEFAULT_PROVIDERS: Mapping[str, str] = {"sms": "sms_a", "email": "email", "inapp
 GuardOp = Literal["sent", "release", "unknown", "keep"]
 
 
-def _aware(value: Any) -> datetime | None:
+def instant(value: Any) -> datetime | None:
+    """A delivery timestamp as an aware datetime (fastavro's datetime, or epoch milliseconds)."""
     if value is None or isinstance(value, datetime):
         return value
     return datetime.fromtimestamp(int(value) / 1000, UTC)
@@ -114,7 +117,7 @@ def alternates(delivery: Mapping[str, Any]) -> tuple[str, ...]:
 
 def due_at(delivery: Mapping[str, Any]) -> datetime | None:
     """When the delivery may be attempted: the later of `not_before` and `next_attempt_at`."""
-    times = [t for t in (_aware(delivery.get(k)) for k in ("not_before", "next_attempt_at")) if t]
+    times = [t for t in (instant(delivery.get(k)) for k in ("not_before", "next_attempt_at")) if t]
     return max(times) if times else None
 
 
@@ -147,7 +150,7 @@ def recheck(
     bypass_opt_out: bool,
 ) -> Skip | None:
     """Just before sending: expired → EXPIRED; opted out since planning → SUPPRESSED."""
-    expire_at = _aware(delivery.get("expire_at"))
+    expire_at = instant(delivery.get("expire_at"))
     if expire_at is not None and now >= expire_at:
         return Skip(State.EXPIRED, "expired")
     if prefs is not None and not bypass_opt_out:
@@ -179,8 +182,8 @@ def attempt_context(
         provider=provider,
         attempt=attempt,
         now=now,
-        first_attempt_at=_aware(delivery.get("first_attempt_at")),
-        expire_at=_aware(delivery.get("expire_at")),
+        first_attempt_at=instant(delivery.get("first_attempt_at")),
+        expire_at=instant(delivery.get("expire_at")),
         alternates=alternates(delivery),
         rejected_by=rejected_by,
         open_breakers=open_breakers,
@@ -258,7 +261,7 @@ def retried(
         "provider": provider,
         "attempt": attempts_made,
         "next_attempt_at": at,
-        "first_attempt_at": first_attempt_at or _aware(delivery.get("first_attempt_at")),
+        "first_attempt_at": first_attempt_at or instant(delivery.get("first_attempt_at")),
         "fallback": steps,
     }
 
@@ -363,7 +366,7 @@ class _EventMaker:
         )  # fmt: skip
 
     def accepted(self, msg_id: str) -> dict[str, Any]:
-        created = _aware(self.delivery.get("created_at"))
+        created = instant(self.delivery.get("created_at"))
         since = int((self.now - created).total_seconds() * 1000) if created else None
         attrs = self._attrs()
         address = self.delivery.get("address")

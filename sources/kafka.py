@@ -336,13 +336,16 @@ def kafka_avro_input(
     reader_schema: str,
     job: str,
     registry: SchemaRegistry | None = None,
+    timestamps: Literal["datetime", "millis"] = "datetime",
     **source_options: Any,
 ) -> DecodeOut:
     """Consume logical `topics` (prefix applied) and decode them to `reader_schema`.
 
+    `timestamps="millis"` leaves timestamp fields as epoch milliseconds (AvroDeserializer).
     `source_options` go to `KafkaSource` (start_at, batch_size, stop_at_end, ...).
     """
     registry = registry if registry is not None else make_registry(settings.registry)
     physical = [settings.kafka.topic(t) for t in topics]
     messages = op.input("read", flow, KafkaSource(settings.kafka, physical, **source_options))
-    return decode_avro("decode", messages, AvroDeserializer(registry, reader_schema), job)
+    deserializer = AvroDeserializer(registry, reader_schema, timestamps=timestamps)
+    return decode_avro("decode", messages, deserializer, job)

@@ -42,6 +42,7 @@ from herald.dispatching import (
     due_at,
     effects,
     event,
+    instant,
     parse_sent_marker,
     provider_of,
     recheck,
@@ -136,7 +137,7 @@ class Dispatcher:
             delivery["collapse_key"] = delivery["notification_id"]  # duplicates merge on device
         attempt = int(delivery.get("attempt") or 0) + 1
         return Item(delivery, message, provider, policy, bypass, attempt,
-                    delivery.get("first_attempt_at"))  # fmt: skip
+                    instant(delivery.get("first_attempt_at")))  # fmt: skip
 
     def _policy(self, type_name: str, traffic_class: str) -> tuple[RetryPolicy, bool]:
         key = (type_name, traffic_class)

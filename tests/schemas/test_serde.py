@@ -6,6 +6,7 @@ import copy
 import io
 import json
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,22 @@ def test_timestamps_decode_as_utc_datetimes_and_accept_epoch_millis(
     out = AvroDeserializer(registry)(AvroSerializer(registry, "s", "social_event")(record))
     assert out["occurred_at"] == NOW
     assert out["occurred_at"].tzinfo is not None
+
+
+def test_timestamps_as_millis_round_trip_through_the_serializer(registry: FileRegistry) -> None:
+    """The dispatch job's decoding: epoch ms on every timestamp, the rest unchanged, and the
+    record encodes back to the same bytes (retries and dead letters are written from it)."""
+    ser = AvroSerializer(registry, "d", "delivery")
+    record = example("delivery")
+    data = ser(record)
+    fast = AvroDeserializer(registry, "delivery", timestamps="millis")(data)
+    slow = AvroDeserializer(registry, "delivery")(data)
+    stamps = [k for k, v in slow.items() if isinstance(v, datetime)]
+    assert stamps and all(fast[k] == int(slow[k].timestamp() * 1000) for k in stamps)
+    assert {k: v for k, v in fast.items() if k not in stamps} == {
+        k: v for k, v in slow.items() if k not in stamps
+    }
+    assert ser(fast) == data
 
 
 def test_defaults_fill_omitted_optional_fields(registry: FileRegistry) -> None:

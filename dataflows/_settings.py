@@ -19,7 +19,6 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from dataflows._runtime import configure_process
 from herald.config import HeraldSettings
-from herald.metrics import MetricsSettings, serve_metrics
 
 __all__ = ["Clock", "PlanningSettings", "entry_settings"]
 
@@ -79,5 +78,4 @@ def entry_settings(settings: HeraldSettings | None) -> HeraldSettings:
     if settings is not None:
         return settings
     configure_process()
-    serve_metrics(MetricsSettings())
     return HeraldSettings()

@@ -5,7 +5,8 @@
         -> herald.delivery-events (Avro, key = delivery_id) and ClickHouse herald.delivery_events
     undecodable records -> herald.dead-letters with their reason; the job keeps going
 
-Run: `python -m bytewax.run "dataflows.accepted:build_flow()"` (settings from HERALD_* env vars).
+Run: `python -m bytewax.run "dataflows.accepted:build_flow()"` (settings from HERALD_* env vars;
+/metrics on HERALD_METRICS_PORT when set: ACCEPTED events, dead letters).
 
 Idempotency: the event id is `herald.ids.event_id(notification_id, "ACCEPTED", 0)` (the
 request-level delivery_id is the notification_id), so a request re-read after a restart yields
@@ -23,9 +24,11 @@ import bytewax.operators as op
 from bytewax.dataflow import Dataflow
 
 from dataflows._common import produce_with_dead_letters
+from dataflows._metrics import CountOutputs
 from dataflows._runtime import configure_process
 from herald import ids
 from herald.config import HeraldSettings
+from herald.metrics import JobMetrics
 from schemas import schema_text
 from schemas.registry import make_registry
 from sinks.clickhouse import ClickHouseSink
@@ -86,9 +89,20 @@ def _delivery_id(event: Mapping[str, Any]) -> str:
     return str(event["delivery_id"])
 
 
+class _CountAccepted:
+    """herald_events_total{job="accepted",state="ACCEPTED"}, once per batch; passes it on."""
+
+    def __init__(self) -> None:
+        self.metrics = JobMetrics(JOB)
+
+    def __call__(self, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        self.metrics.event("ACCEPTED", len(batch))
+        return batch
+
+
 def build_flow(settings: HeraldSettings | None = None, *, bounded: bool = False) -> Dataflow:
-    """The accepted job. Without `settings` (entry point) it reads the environment and configures
-    logging.
+    """The accepted job. Without `settings` (entry point) it reads the environment, configures
+    logging and serves /metrics when HERALD_METRICS_PORT is set.
 
     `bounded=True` stops at the current end of the request topics (tests, backfills).
     """
@@ -104,6 +118,7 @@ def build_flow(settings: HeraldSettings | None = None, *, bounded: bool = False)
     )  # fmt: skip
     # oks: Decoded(KafkaMessage, notification_request dict); errs: dead_letter dict
     events = op.map("to_accepted_event", requests.oks, _to_event)
+    events = op.flat_map_batch("count_accepted", events, _CountAccepted())
     # delivery_event dict (state ACCEPTED)
     encoded = encode_avro(
         "encode_events", events, serializer=topic_serializer(kafka, registry, EVENTS_TOPIC),
@@ -112,9 +127,9 @@ def build_flow(settings: HeraldSettings | None = None, *, bounded: bool = False)
     # oks: KafkaRecord for herald.delivery-events; errs: dead_letter dict
     dead_letters = op.merge("dead_letters", requests.errs, encoded.errs)
     # dead_letter dict
-    produce_with_dead_letters(
-        "kafka_out", encoded.oks, dead_letters, kafka=kafka, registry=registry
-    )
+    letters = op.flat_map_batch("count_dead_letters", dead_letters, CountOutputs(JOB))
+    # the same dead_letter dicts
+    produce_with_dead_letters("kafka_out", encoded.oks, letters, kafka=kafka, registry=registry)
     sink = ClickHouseSink(settings.clickhouse, EVENTS_TABLE, event_columns())
     op.output("clickhouse_out", events, sink)
     return flow

@@ -36,7 +36,7 @@ from bytewax.dataflow import Dataflow
 from dataflows._runtime import configure_process
 from herald.catalog import CHANNELS, TRAFFIC_CLASSES
 from herald.config import HeraldSettings
-from herald.metrics import BreakerCollector, MetricsSettings, serve_metrics
+from herald.metrics import BreakerCollector
 from schemas.registry import make_registry
 from sinks.channels.clients import Factory
 from sinks.channels.engine import Hook
@@ -60,12 +60,11 @@ def _topics(channel: str, traffic_class: str) -> list[str]:
     return [deliveries_topic(c, traffic_class) for c in channels]
 
 
-def _serve_metrics(settings: HeraldSettings, dispatch: DispatchSettings) -> None:
+def _breaker_metrics(settings: HeraldSettings, dispatch: DispatchSettings) -> None:
+    """Add herald_breaker_state{provider} to the served /metrics (read from Redis on scrape)."""
     import redis
     from prometheus_client import REGISTRY
 
-    if serve_metrics(MetricsSettings()) is None:
-        return
     client = redis.Redis.from_url(settings.redis.url, socket_timeout=2)
     providers = [*dispatch.rates, "inbox"]
     REGISTRY.register(BreakerCollector(client, providers, prefix=dispatch.state_prefix))
@@ -90,10 +89,11 @@ def build_flow(
     """
     topics = _topics(channel, traffic_class)
     if settings is None:
-        configure_process()
+        serving = configure_process()
         settings = HeraldSettings()
         dispatch = dispatch or DispatchSettings()
-        _serve_metrics(settings, dispatch)
+        if serving is not None:
+            _breaker_metrics(settings, dispatch)
     dispatch = dispatch or DispatchSettings()
     registry = make_registry(settings.registry)
     flow = Dataflow(f"dispatch_{channel}_{traffic_class}")

@@ -46,7 +46,7 @@ from herald.delivery_fold import (
     MsgJoin,
     Unmatched,
 )
-from herald.metrics import JobMetrics, MetricsSettings, serve_metrics
+from herald.metrics import JobMetrics
 from herald.receipts import BadReceipt, ReceiptEvent, join_key, normalize
 from herald.status_keys import StatusUpdate
 from schemas.registry import make_registry
@@ -232,7 +232,6 @@ def build_flow(
     if settings is None:
         configure_process()
         settings = HeraldSettings()
-        serve_metrics(MetricsSettings())
     cfg = (receipts or ReceiptsSettings()).fold_config()
     metrics = JobMetrics(JOB)
     registry = make_registry(settings.registry)

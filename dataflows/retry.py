@@ -10,7 +10,7 @@
 
 Run: `python -m bytewax.run "dataflows.retry:build_flow(traffic_class='transactional')"`
 (one job per class, so a bulk retry storm never delays an OTP retry; add `-r DIR -s 1` for
-recovery snapshots).
+recovery snapshots; /metrics on HERALD_METRICS_PORT when set: EXPIRED events, dead letters).
 
 Why a job of its own: no dispatch worker ever sleeps on a retry. Held retries are Bytewax state
 with timers (`dataflows.schedule.BucketLogic`: each bucket's `notify_at` is its earliest due
@@ -36,6 +36,7 @@ from bytewax.dataflow import Dataflow, Stream
 
 from dataflows._common import produce_with_dead_letters
 from dataflows._encode import Encoder
+from dataflows._metrics import CountOutputs
 from dataflows._runtime import configure_process
 from dataflows._settings import Clock
 from dataflows.schedule import BucketLogic, Release, is_keyed, is_record
@@ -117,14 +118,18 @@ def build_flow(
     release = Release(settings, clock, expired_attributes={"while": "retry_wait"})
     released = op.flat_map_batch("release", due, release)
     # KafkaRecord (the held bytes, deliveries topic) | Output(EXPIRED delivery_event)
+    counted = op.flat_map_batch("count_events", released, CountOutputs(JOB, dead_letters=False))
+    # the same items (EXPIRED events counted)
     encoder = cast(Callable[[list[Any]], list[Any]], Encoder(settings, registry, JOB))
-    records = op.flat_map_batch("encode", released, encoder)
+    records = op.flat_map_batch("encode", counted, encoder)
     # KafkaRecord | dead_letter dict
     encoded = op.branch("split_records", records, is_record)
     dead_letters = op.merge("dead_letters", held.errs, split.falses, encoded.falses)
     # dead_letter dict
+    letters = op.flat_map_batch("count_dead_letters", dead_letters, CountOutputs(JOB))
+    # the same dead_letter dicts
     produce_with_dead_letters(
-        "kafka_out", cast(Stream[KafkaRecord], encoded.trues), dead_letters,
+        "kafka_out", cast(Stream[KafkaRecord], encoded.trues), letters,
         kafka=settings.kafka, registry=registry,
     )  # fmt: skip
     return flow

@@ -24,7 +24,7 @@ from bytewax.dataflow import Dataflow
 from dataflows._runtime import configure_process
 from dataflows.accepted import event_columns
 from herald.config import HeraldSettings
-from herald.metrics import JobMetrics, MetricsSettings, serve_metrics
+from herald.metrics import JobMetrics
 from schemas.registry import make_registry
 from sinks.clickhouse import ClickHouseSink
 from sinks.kafka import KafkaProducerSink, kafka_output, to_dead_letter_topic
@@ -56,7 +56,6 @@ def build_flow(settings: HeraldSettings | None = None, *, bounded: bool = False)
     if settings is None:
         configure_process()
         settings = HeraldSettings()
-        serve_metrics(MetricsSettings())
     metrics = JobMetrics(JOB)
     registry = make_registry(settings.registry)
     flow = Dataflow(JOB)

@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from bytewax.recovery import init_db_dir
 from bytewax.testing import run_main
@@ -19,7 +20,7 @@ from dataflows.accepted import EVENTS_TOPIC, accepted_event, build_flow, event_c
 from herald.config import HeraldSettings
 from herald.ids import event_id
 from infra.clickhouse import herald_client
-from infra.process import reset_sigint
+from infra.process import free_port, reset_sigint
 from schemas import load_schema
 from tests.dataflows.helpers import consume, decoder, encoder, produce
 from tests.schemas.examples import NOW, example
@@ -177,14 +178,21 @@ def assert_no_job_errors(output: str) -> None:
 
 @pytest.mark.integration
 def test_end_to_end_smoke(settings: HeraldSettings, subprocess_env: dict[str, str]) -> None:
-    """The job as it runs in production: `python -m bytewax.run`, settings from the env."""
-    job = Job(subprocess_env, "-s", "1")
+    """The job as it runs in production: `python -m bytewax.run`, settings from the env, its
+    counts on /metrics."""
+    port = free_port("127.0.0.1")
+    job = Job({**subprocess_env, "HERALD_METRICS_PORT": str(port)}, "-s", "1")
     try:
         ids = produce_requests(settings)
         assert_outputs(settings, ids, wait=True)
         rows = wait_for_rows(settings, ids, 2, timeout=20)
         assert [row[:2] for row in rows] == [(i, event_id(i, "ACCEPTED", 0)) for i in ids]
         assert job.running(), "the job must keep running after poison records"
+        metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+        assert 'herald_events_total{job="accepted",state="ACCEPTED"} 2.0' in metrics
+        letters = [m for m in metrics.splitlines()
+                   if m.startswith('herald_dead_letters_total{job="accepted"')]  # fmt: skip
+        assert sum(float(m.rsplit(" ", 1)[1]) for m in letters) == 2.0  # the two poison records
     finally:
         output = job.stop()
     assert "signal received" in output  # stopped by us, not crashed

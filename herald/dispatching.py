@@ -176,13 +176,17 @@ def attempt_context(
     *,
     rejected_by: frozenset[str] = frozenset(),
     open_breakers: frozenset[str] = frozenset(),
+    first_attempt_at: datetime | None | Literal["delivery"] = "delivery",
 ) -> AttemptContext:
-    """`herald.retry.AttemptContext` of attempt `attempt` through `provider`."""
+    """`herald.retry.AttemptContext` of attempt `attempt` through `provider`; the delivery's
+    own `first_attempt_at` unless one is given (the sink's, once its first call is made)."""
+    if first_attempt_at == "delivery":
+        first_attempt_at = instant(delivery.get("first_attempt_at"))
     return AttemptContext(
         provider=provider,
         attempt=attempt,
         now=now,
-        first_attempt_at=instant(delivery.get("first_attempt_at")),
+        first_attempt_at=first_attempt_at,
         expire_at=instant(delivery.get("expire_at")),
         alternates=alternates(delivery),
         rejected_by=rejected_by,

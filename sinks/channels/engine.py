@@ -255,10 +255,10 @@ class Dispatcher:
     def _ctx(
         self, it: Item, now: datetime, open_breakers: frozenset[str] = frozenset()
     ) -> AttemptContext:
-        view = {**it.delivery, "first_attempt_at": it.first_attempt_at}
-        return attempt_context(view, it.provider, it.attempt, now,
+        return attempt_context(it.delivery, it.provider, it.attempt, now,
                                rejected_by=frozenset(it.rejected_by),
-                               open_breakers=open_breakers)  # fmt: skip
+                               open_breakers=open_breakers,
+                               first_attempt_at=it.first_attempt_at)  # fmt: skip
 
     def _defer(self, it: Item, now: datetime, out: Outputs) -> None:
         """Not granted tokens in time: back to the retry topic, no attempt counted."""

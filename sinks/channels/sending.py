@@ -139,9 +139,8 @@ class ShapedSender:
         futures.append((chunk, self.providers.loop.submit(self._send_all(provider, deliveries))))
 
     async def _send_all(self, provider: str, deliveries: list[dict[str, Any]]) -> list[Outcome]:
-        results = await asyncio.gather(
-            *(self.providers.send(provider, d) for d in deliveries), return_exceptions=True
-        )
+        send = self.providers.client(provider).send  # one coroutine per call, no wrapper
+        results = await asyncio.gather(*(send(d) for d in deliveries), return_exceptions=True)
         out: list[Outcome] = []
         for result in results:
             if isinstance(result, BaseException):

@@ -282,6 +282,7 @@ def empty_contact_points(user_id: str, updated_at: datetime) -> dict[str, Any]:
         "devices": [],
         "phone": None,
         "email": None,
+        "disabled": [],
         "updated_at": updated_at,
         "version": 0,
     }
@@ -320,9 +321,12 @@ def without_device(current: dict[str, Any], device_id: str, now: datetime) -> di
 def with_contact_update(
     current: dict[str, Any], update: ContactPointsUpdate, now: datetime
 ) -> dict[str, Any]:
-    """`current` contact points with the phone/email fields present in `update` applied."""
+    """`current` contact points with the phone/email fields present in `update` applied; a
+    phone or email set again is no longer listed as disabled."""
     changes = {
         name: (value.model_dump() if value is not None else None)
         for name, value in ((n, getattr(update, n)) for n in update.model_fields_set)
     }
-    return {**current, **changes, "updated_at": now, "version": current["version"] + 1}
+    disabled = [d for d in current.get("disabled") or () if changes.get(d) is None]
+    return {**current, **changes, "disabled": disabled, "updated_at": now,
+            "version": current["version"] + 1}  # fmt: skip

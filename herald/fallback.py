@@ -192,14 +192,13 @@ def _addresses(
                  "provider": provider or d.get("platform"), "device_id": d["device_id"]}
                 for d in valid]  # fmt: skip
     unverified_ok = bool(nt and nt.allow_unverified_contact)
-    if channel == "sms":
-        phone = contacts.get("phone") or {}
-        value, verified, why = phone.get("e164"), phone.get("verified"), "phone_unverified"
-    else:
-        email = contacts.get("email") or {}
-        value, verified, why = email.get("address"), email.get("verified"), "email_unverified"
+    field = "phone" if channel == "sms" else "email"
+    point = contacts.get(field) or {}
+    value, verified = point.get("e164" if channel == "sms" else "address"), point.get("verified")
+    why = f"{field}_unverified"
     if not value:
-        return "no_contact_point"
+        disabled = field in (contacts.get("disabled") or ())
+        return "address_disabled" if disabled else "no_contact_point"
     if not verified and not unverified_ok:
         return why
     default = {"sms": "sms_a", "email": "email"}.get(channel)

@@ -6,7 +6,8 @@ considered, checked in the seeds' order (the first failing check gives the reaso
 1. global opt-out → `global_opt_out`;  2. category opt-out → `category_opt_out`
    (both skipped by `bypass_opt_out`, which only approved transactional types have);
 3. per channel: not allowed for the type → `channel_not_allowed`; channel or category×channel
-   opt-out → `channel_opt_out`; availability → `no_contact_point`, `no_valid_token`,
+   opt-out → `channel_opt_out`; availability → `no_contact_point`, `address_disabled` (the
+   phone or email was removed after a provider reported it dead), `no_valid_token`,
    `phone_unverified`, `email_unverified` (unverified is fine for `allow_unverified_contact`).
    An unavailable primary channel falls back along the type's fallback graph at plan time
    (within the caller's `channels`): the result is `Suppress(primary)` + `Send(alt)`;
@@ -121,6 +122,7 @@ class ContactPoints:
     email: str | None = None
     email_verified: bool = False
     version: int = 0
+    disabled: frozenset[str] = frozenset()  # "phone"/"email" a provider reported dead
 
     @classmethod
     def from_record(cls, rec: Mapping[str, Any]) -> ContactPoints:
@@ -138,6 +140,7 @@ class ContactPoints:
             email=email.get("address"),
             email_verified=bool(email.get("verified", False)),
             version=int(rec.get("version", 0)),
+            disabled=frozenset(rec.get("disabled") or ()),
         )
 
 
@@ -321,17 +324,19 @@ def _usable(
             return "no_valid_token"
         return tuple(Address(d.token, d.platform, d.device_id, d.platform, d.app_id) for d in valid)
     if channel == "sms":
-        return _verified(contacts.phone, contacts.phone_verified, nt, "phone_unverified")
+        return _verified(contacts.phone, contacts.phone_verified, nt, "phone_unverified",
+                         "phone" in contacts.disabled)  # fmt: skip
     if channel == "email":
-        return _verified(contacts.email, contacts.email_verified, nt, "email_unverified")
+        return _verified(contacts.email, contacts.email_verified, nt, "email_unverified",
+                         "email" in contacts.disabled)  # fmt: skip
     return (Address(contacts.user_id),)  # inapp: the inbox is always there
 
 
 def _verified(
-    value: str | None, verified: bool, nt: NotificationType, reason: str
+    value: str | None, verified: bool, nt: NotificationType, reason: str, disabled: bool
 ) -> tuple[Address, ...] | str:
     if not value:
-        return "no_contact_point"
+        return "address_disabled" if disabled else "no_contact_point"
     if not verified and not nt.allow_unverified_contact:
         return reason
     return (Address(value),)

@@ -9,7 +9,7 @@ current phone (or email) only when its tag is that one, so a number changed sinc
 kept. The change goes exactly where dispatch's own dead-address path sends it
 (sinks.channels.contacts.ContactStore): under the user's lock, the new record on herald.devices
 (acked by Kafka) and then the API's Redis copy, so the plan job skips that channel from then on
-(`no_contact_point`) and the user's other channels are still served.
+(`address_disabled`) and the user's other channels are still served.
 
 At-least-once: a batch written again after a restart finds the address gone ("absent") and
 changes nothing. A Redis or Kafka failure raises: the job stops and resumes from its snapshot.

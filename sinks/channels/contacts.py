@@ -16,8 +16,9 @@ points (the API's device routes hold the same lock).
   back as the copy, exactly as the API's DELETE /v1/devices does. Other devices stay.
 - `disable_address(user, channel, address, publish)`: the same for a dead phone number or email
   address (Twilio 21211/21614, SendGrid invalid address): the phone (or email) is removed from
-  the record when it is still the one that was rejected, so later plans skip that channel
-  (`no_contact_point`) while the user's other channels are still served.
+  the record when it is still the one that was rejected and named in its `disabled` list, so
+  later plans skip that channel (`address_disabled`) while the user's other channels are still
+  served.
   `disable_matching(user, channel, matches, publish)` is the same with a predicate over the
   current address (the receipts job compares `herald.receipts.address_tag`s: a bounce or a
   carrier's "dead number" receipt names no address).
@@ -149,8 +150,10 @@ class ContactStore:
             address = (current.get(name) or {}).get(key)
             if not address or not matches(str(address)):
                 return None  # changed since (a new number): nothing to disable
-            log.info("dispatch.address_disabled channel=%s", channel)
-            return {**current, name: None, "updated_at": now, "version": current["version"] + 1}
+            log.info("contacts.address_disabled channel=%s", channel)
+            disabled = sorted({*(current.get("disabled") or ()), name})
+            return {**current, name: None, "disabled": disabled, "updated_at": now,
+                    "version": current["version"] + 1}  # fmt: skip
 
         return self._update(user_id, change, publish)
 

@@ -244,6 +244,12 @@ def test_contact_points_round_trip(registry: FileRegistry) -> None:
     assert [d["device_id"] for d in again["devices"]] == ["dev-2"]
     cleared = with_contact_update(again, ContactPointsUpdate.model_validate({"phone": None}), T0)
     assert cleared["phone"] is None and cleared["email"] == record["email"]
+    # a bounced email stays listed as disabled until the user sets one again
+    bounced = {**cleared, "email": None, "disabled": ["email"]}
+    phone = ContactPointsUpdate.model_validate({"phone": {"e164": "+41791234567"}})
+    assert with_contact_update(bounced, phone, T0)["disabled"] == ["email"]
+    fresh = ContactPointsUpdate.model_validate({"email": {"address": "new@b.ch"}})
+    assert with_contact_update(bounced, fresh, T0)["disabled"] == []
     removed = without_device(cleared, "dev-2", T0)
     assert removed["devices"] == [] and without_device(removed, "dev-2", T0) is removed
     assert _round_trip(registry, "contact_points", removed) == removed

@@ -209,6 +209,7 @@ def test_dead_address_receipts_disable_the_address_the_message_went_to(
     after = {u: orjson.loads(client.get(keys.contact_points(u))) for u in (ann, bob)}
     client.close()
     assert (after[ann]["email"], after[ann]["phone"]) == (None, None)
+    assert after[ann]["disabled"] == ["email", "phone"]
     assert after[ann]["version"] == 5  # one published change per dead address
     assert after[bob] == {"user_id": bob, "devices": [], "updated_at": 0, "version": 3,
                           **copies[bob]}  # fmt: skip

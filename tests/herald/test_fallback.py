@@ -99,6 +99,13 @@ def test_no_valid_token_or_no_copy_skips_the_channel() -> None:
     assert run(sms(), cp=contacts()).skipped == [("push", "no_contact_point")]
 
 
+def test_a_disabled_address_is_named_when_skipped() -> None:
+    email = {**PUSH, "channel": "email", "rendered": {**PUSH["rendered"], "subject": "Code"}}
+    d = sms(fallback=["email"], fallback_content=[email])
+    assert run(d, cp=contacts(disabled=["email"])).skipped == [("email", "address_disabled")]
+    assert run(d, cp=contacts()).skipped == [("email", "no_contact_point")]
+
+
 def test_quiet_hours_hold_the_fallback_until_morning() -> None:
     prefs = Preferences("u-1", quiet_hours=QuietWindow.parse("11:00", "13:00"), timezone="UTC")
     d = sms(notification_type="order_shipped", category="marketing",

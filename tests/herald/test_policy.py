@@ -94,6 +94,13 @@ def test_fallback_respects_the_callers_channels(catalog: Catalog) -> None:
     assert out == [Suppress("sms", "no_contact_point")]
 
 
+def test_a_disabled_phone_is_named_and_push_takes_over(catalog: Catalog) -> None:
+    contacts = ContactPoints("u1", devices=(IPHONE,), disabled=frozenset({"phone"}))
+    out = by_channel(decide(catalog, req("otp_login"), prefs(), contacts, NOON_NY))
+    assert out["sms"] == Suppress("sms", "address_disabled")
+    assert isinstance(out["push"], Send) and out["push"].fallback_from == "sms"
+
+
 def test_no_channel_at_all(catalog: Catalog) -> None:
     out = decide(catalog, req("otp_login"), prefs(), ContactPoints("u1"), NOON_NY)
     assert out == [Suppress("sms", "no_contact_point")]
@@ -146,6 +153,8 @@ def test_global_opt_out_is_reported_before_availability(catalog: Catalog) -> Non
         (ContactPoints("u1"), {"push": "no_contact_point", "email": "no_contact_point"}),
         (ContactPoints("u1", devices=(DEAD,), email="a@b.c", email_verified=False),
          {"push": "no_valid_token", "email": "email_unverified"}),
+        (ContactPoints.from_record({"user_id": "u1", "email": None, "disabled": ["email"]}),
+         {"push": "no_contact_point", "email": "address_disabled"}),  # it bounced
     ],
 )  # fmt: skip
 def test_availability_reasons(

@@ -77,6 +77,7 @@ def _contact_points() -> dict[str, Any]:
         ],
         "phone": {"e164": "+41791234567", "verified": True},
         "email": {"address": "user@example.com", "verified": False},
+        "disabled": [],
         "updated_at": NOW,
         "version": 2,
     }

@@ -39,12 +39,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from herald import ids
 from herald.catalog import NotificationType
-from herald.dispatching import opt_out_reason
+from herald.dispatching import instant, opt_out_reason
 from herald.policy import Preferences
 from herald.quiet_hours import quiet_until
 from herald.states import State
@@ -75,12 +75,6 @@ class Fallback:
         if self.skipped:
             attrs["fallback_skipped"] = ",".join(f"{c}:{r}" for c, r in self.skipped)
         return attrs
-
-
-def _aware(value: Any) -> datetime | None:
-    if value is None or isinstance(value, datetime):
-        return value
-    return datetime.fromtimestamp(int(value) / 1000, UTC)
 
 
 def cross_channel_steps(delivery: Mapping[str, Any]) -> list[tuple[int, str, str | None]]:
@@ -119,7 +113,7 @@ def fall_back(
     and not re-checked, as for the primary channel's re-check).
     """
     result = Fallback()
-    expire_at = _aware(delivery.get("expire_at"))
+    expire_at = instant(delivery.get("expire_at"))
     if expire_at is not None and now >= expire_at:
         result.skipped.append(("*", "expired"))
         return result

@@ -1,6 +1,6 @@
 """What a job process sets up when its `build_flow` is the entry point: logging, GC, /metrics.
 
-    configure_process(level=None)     logging (HERALD_LOG_LEVEL, default INFO), tune_gc(), and
+    configure_process()               logging (HERALD_LOG_LEVEL, default INFO), tune_gc(), and
                                       /metrics on HERALD_METRICS_PORT when set (herald.metrics)
     tune_gc()                         the GC thresholds below (in-process benchmarks call it too,
                                       so that they measure what a job process runs)
@@ -29,11 +29,11 @@ __all__ = ["GC_THRESHOLDS", "configure_process", "tune_gc"]
 GC_THRESHOLDS = (50_000, 20, 100)
 
 
-def configure_process(level: str | None = None) -> int | None:
+def configure_process() -> int | None:
     """Configure logging, the garbage collector and /metrics of a job process (entry point
     only); returns the metrics port, None when HERALD_METRICS_PORT is not set."""
     logging.basicConfig(
-        level=level or os.environ.get("HERALD_LOG_LEVEL", "INFO"),
+        level=os.environ.get("HERALD_LOG_LEVEL", "INFO"),
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
     tune_gc()

@@ -106,10 +106,6 @@ class Providers:
         """The built client of `name` (call `ensure` first)."""
         return self._clients[name]
 
-    async def send(self, name: str, delivery: Mapping[str, Any]) -> Outcome:
-        """Send through provider `name` (on the loop)."""
-        return await self._clients[name].send(delivery)
-
     def close(self) -> None:
         """Close every client, then the loop."""
 

@@ -74,7 +74,7 @@ DEFAULT_CONSUMER_CONFIG: dict[str, str | int | bool] = {
     "enable.auto.offset.store": False,
     # Where to go when a resumed offset no longer exists (deleted by retention).
     "auto.offset.reset": "earliest",
-    "fetch.wait.max.ms": 100,
+    "fetch.wait.max.ms": 500,
     "queued.max.messages.kbytes": 16_384,
     "allow.auto.create.topics": False,
 }

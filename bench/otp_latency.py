@@ -9,8 +9,8 @@ in a temp dir, then:
    seconds, to K users whose phones were registered through the API, with nothing else running.
 2. **Under load**: a bulk campaign (marketing_campaign, push + email) to N users is posted
    through the API in requests of 1,000 users; once it is planning, the same K OTPs (same
-   users, new request ids) at the same pace while plan_bulk, dispatch_bulk, receipts and
-   warehouse compete for the 2 cores.
+   users, new request ids) at the same pace while plan_bulk, dispatch_bulk_push,
+   dispatch_bulk_email, receipts and warehouse compete for the 2 cores.
 
 Latency = PROVIDER_ACCEPTED event time (the SMS provider answered the submit) − the instant
 the client sent the POST, so it includes the API, Kafka, plan_transactional and

@@ -49,7 +49,8 @@ REPO = Path(__file__).resolve().parents[1]
 # figures of the kills after it. Simulators near the end for the same reason (failover).
 KILL_ORDER = (
     "api", "accepted", "digest", "plan_normal", "plan_bulk", "plan_transactional", "schedule",
-    "dispatch_normal", "dispatch_bulk", "dispatch_transactional",
+    "dispatch_normal", "dispatch_bulk_push", "dispatch_bulk_sms", "dispatch_bulk_email",
+    "dispatch_bulk_inapp", "dispatch_transactional",
     "retry_normal", "retry_bulk", "retry_transactional", "receipts", "warehouse", "dashboards",
     "sim-apns", "sim-fcm", "sim-email", "sim-sms_a", "sim-sms_b", "redis",
 )  # fmt: skip

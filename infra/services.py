@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from herald.catalog import CHANNELS
 from herald.errors import InfraError
 from infra.process import port_open
 
@@ -364,15 +365,25 @@ BYTEWAX_JOBS: list[tuple[str, str, Callable[[Ctx], dict[str, str]] | None]] = [
         for cls in ("transactional", "normal", "bulk")
     ),
     ("schedule", "dataflows.schedule:build_flow()", None),
-    # dispatch: one job per traffic class here (all channels); production runs one per
-    # channel x class (channel='push', ...) scaled with -i/-a
+    # dispatch: transactional and normal traffic one job per class (all channels); bulk one job
+    # per channel, so that a campaign held at one provider's rate never holds back another
+    # channel's sends (a job's batch is settled as a whole). Production runs one per
+    # channel x class (channel='push', ...) scaled with -i/-a.
     *(
         (
             f"dispatch_{cls}",
             f"dataflows.dispatch:build_flow(channel='all', traffic_class='{cls}')",
             simulator_client_env,
         )
-        for cls in ("transactional", "normal", "bulk")
+        for cls in ("transactional", "normal")
+    ),
+    *(
+        (
+            f"dispatch_bulk_{channel}",
+            f"dataflows.dispatch:build_flow(channel='{channel}', traffic_class='bulk')",
+            simulator_client_env,
+        )
+        for channel in CHANNELS
     ),
     *(
         (f"retry_{cls}", f"dataflows.retry:build_flow(traffic_class='{cls}')", None)

@@ -109,7 +109,7 @@ def test_cli_up_status_down(tmp_path: Path) -> None:
             assert doc["services"][name]["healthy"], doc["services"][name]
             assert doc["services"][name]["address"]
         jobs = ("api", "accepted", "digest", "plan_transactional", "plan_normal", "plan_bulk")
-        jobs += ("schedule", "dispatch_transactional", "dispatch_bulk", "retry_transactional")
+        jobs += ("schedule", "dispatch_transactional", "dispatch_bulk_sms", "retry_transactional")
         jobs += ("receipts", "warehouse", "dashboards")
         for job in jobs:
             assert doc["services"][job]["healthy"], doc["services"][job]

@@ -43,10 +43,9 @@ from sinks.providers.base import (
     ProviderClient,
     epoch_seconds,
     parse_retry_after,
-    ssl_context,
 )
 from sinks.providers.config import ApnsConfig
-from sinks.providers.h2transport import H2Response, H2Transport
+from sinks.providers.h2transport import H2Response
 
 __all__ = ["ApnsClient", "ApnsTokenSigner", "apns_id"]
 
@@ -146,16 +145,8 @@ class ApnsClient(ProviderClient):
     http2 = True
 
     def __init__(self, config: ApnsConfig, signer: ApnsTokenSigner | None = None) -> None:
-        self._h2: H2Transport | None = None
-        if config.transport == "h2":
-            self._h2 = H2Transport(
-                verify=ssl_context(config),
-                max_connections=config.max_connections,
-                max_streams=config.max_concurrency,
-            )
-        super().__init__(config, transport=self._h2)
+        super().__init__(config)
         self.apns = config
-        self._url = httpx.URL(config.base_url)
         self.signer = signer or ApnsTokenSigner(
             config.team_id,
             config.key_id,
@@ -195,7 +186,7 @@ class ApnsClient(ProviderClient):
         path, headers, body = self._request(delivery)
         token = self.signer.current()
         headers["authorization"] = f"bearer {token}"
-        resp = await self._post(path, headers, body)
+        resp = await self._post(path, headers, body, unique=_UNIQUE, index_path=False)
         reason = _reason(resp) if resp.status_code != 200 else ""
         if resp.status_code == 403 and reason == "ExpiredProviderToken":
             fresh = self.signer.refresh_after_expired(token)
@@ -204,19 +195,9 @@ class ApnsClient(ProviderClient):
                     reason, provider=self.provider, status_code=403, latency_ms=self._ms(start)
                 )
             headers["authorization"] = f"bearer {fresh}"
-            resp = await self._post(path, headers, body)
+            resp = await self._post(path, headers, body, unique=_UNIQUE, index_path=False)
             reason = _reason(resp) if resp.status_code != 200 else ""
         return self._map(resp, reason, headers["apns-id"], start)
-
-    async def _post(self, path: str, headers: dict[str, str], body: bytes) -> _Response:
-        """POST on the shared connection; the lean transport is called without client overhead."""
-        if self._h2 is None:
-            return await self.http.post(path, headers=headers, content=body)
-        # Per-request values are never indexed, so they don't evict the token from HPACK.
-        raw = [(k.encode(), v.encode(), k in _UNIQUE) for k, v in headers.items()]
-        return await self._h2.request(
-            self._url, b"POST", path.encode(), raw, body, self.timeouts, index_path=False
-        )
 
     def _map(self, resp: _Response, reason: str, sent_id: str, start: float) -> Outcome:
         status, ms, p = resp.status_code, self._ms(start), self.provider

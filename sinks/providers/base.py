@@ -28,6 +28,8 @@ import httpx
 
 from herald.outcomes import CONNECT_ERROR, Outcome, PlatformError, Retryable, Unknown
 from sinks.providers.config import HttpConfig
+from sinks.providers.h1transport import H1Transport
+from sinks.providers.h2transport import H2Response, H2Transport
 
 __all__ = ["ProviderClient", "epoch_seconds", "mask", "parse_retry_after"]
 
@@ -108,6 +110,21 @@ class ProviderClient(ABC):
             "write": config.timeout_s,
             "pool": config.pool_timeout_s,
         }
+        # The lean transports by default; the HTTP/2 one is called without httpx's client layer
+        # on the hot path (`_post`). `transport="httpcore"` in the config keeps httpx's own.
+        self._h2: H2Transport | None = None
+        if transport is None and config.transport == "lean":
+            if http2:
+                transport = self._h2 = H2Transport(
+                    verify=ssl_context(config),
+                    max_connections=config.max_connections,
+                    max_streams=config.max_concurrency,
+                )
+            else:
+                transport = H1Transport(
+                    verify=ssl_context(config), max_connections=config.max_connections
+                )
+        self._url = httpx.URL(config.base_url)
         self.http = httpx.AsyncClient(
             transport=transport,
             base_url=config.base_url,
@@ -121,6 +138,26 @@ class ProviderClient(ABC):
             timeout=httpx.Timeout(
                 config.timeout_s, connect=config.connect_timeout_s, pool=config.pool_timeout_s
             ),
+        )
+
+    async def _post(
+        self,
+        path: str,
+        headers: Mapping[str, str],
+        body: bytes,
+        *,
+        unique: frozenset[str] = frozenset(),
+        index_path: bool = True,
+    ) -> httpx.Response | H2Response:
+        """POST `body` to `path` (relative to base_url): on the lean HTTP/2 transport directly
+        when the client has one, else through httpx. Header names are lower-case; `unique`
+        names per-request headers kept out of the HPACK table, as is a per-request path
+        (`index_path=False`), so that they don't evict the values that repeat (the token)."""
+        if self._h2 is None:
+            return await self.http.post(path, headers=headers, content=body)
+        raw = [(k.encode(), v.encode(), k in unique) for k, v in headers.items()]
+        return await self._h2.request(
+            self._url, b"POST", path.encode(), raw, body, self.timeouts, index_path=index_path
         )
 
     async def send(self, delivery: Delivery) -> Outcome:

@@ -41,6 +41,11 @@ class HttpConfig(BaseSettings):
     )
     max_connections: int = Field(default=16, ge=1)
     max_concurrency: int = Field(default=256, ge=1, description="in-flight requests per client")
+    transport: Literal["lean", "httpcore"] = Field(
+        default="lean",
+        description="lean: Herald's own HTTP/2 or HTTP/1.1 transport (sinks/providers/"
+        "h2transport.py, h1transport.py; several times less CPU per send); httpcore: httpx's",
+    )
 
 
 class ApnsConfig(HttpConfig):
@@ -56,11 +61,6 @@ class ApnsConfig(HttpConfig):
     topic: str = Field(default="", description="bundle id (apns-topic)")
     max_connections: int = Field(default=1, ge=1)
     max_concurrency: int = Field(default=1000, ge=1)
-    transport: Literal["h2", "httpcore"] = Field(
-        default="h2",
-        description="h2: Herald's lean HTTP/2 transport (~5x less CPU per send); "
-        "httpcore: httpx's default HTTP/2 stack",
-    )
     token_refresh_s: float = Field(
         default=2400.0, gt=0, description="mint a new JWT after this age"
     )

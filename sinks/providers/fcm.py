@@ -38,6 +38,7 @@ from herald.outcomes import (
 )
 from sinks.providers.base import Delivery, ProviderClient, epoch_seconds, parse_retry_after
 from sinks.providers.config import FcmConfig
+from sinks.providers.h2transport import H2Response
 
 __all__ = ["FcmClient", "load_credentials"]
 
@@ -118,7 +119,7 @@ class FcmClient(ProviderClient):
             return Permanent("missing_address", provider=p)
         body = orjson.dumps(self._message(delivery))
         headers = {"content-type": "application/json"}
-        resp: httpx.Response | None = None
+        resp: httpx.Response | H2Response | None = None
         for attempt in range(2):
             try:
                 token = await self._token(force=attempt > 0)
@@ -127,13 +128,13 @@ class FcmClient(ProviderClient):
             except google.auth.exceptions.RefreshError:
                 return PlatformError("oauth_refresh_failed", provider=p, latency_ms=self._ms(start))
             headers["authorization"] = f"Bearer {token}"
-            resp = await self.http.post(self.path, headers=headers, content=body)
+            resp = await self._post(self.path, headers, body)
             if resp.status_code != 401 or _error_code(resp)[0] == "THIRD_PARTY_AUTH_ERROR":
                 break
         assert resp is not None
         return self._map(resp, start)
 
-    def _map(self, resp: httpx.Response, start: float) -> Outcome:
+    def _map(self, resp: httpx.Response | H2Response, start: float) -> Outcome:
         status, ms, p = resp.status_code, self._ms(start), self.provider
         if status == 200:
             try:
@@ -159,7 +160,7 @@ class FcmClient(ProviderClient):
         return Permanent(code, **kw)
 
 
-def _error_code(resp: httpx.Response) -> tuple[str, str]:
+def _error_code(resp: httpx.Response | H2Response) -> tuple[str, str]:
     """(FcmError errorCode or google.rpc status, message) of an error response."""
     try:
         error = orjson.loads(resp.content)["error"]

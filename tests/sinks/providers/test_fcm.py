@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import json
 import time
@@ -157,3 +158,18 @@ def test_collapse_key_tags_the_android_notification(fcm: RunningSimulator) -> No
     stats = fcm.stats(ids=False)
     assert stats["android_tagged"] == 3
     assert stats["android_tag_replaced"] == 1
+
+
+@pytest.mark.parametrize("transport", ["lean", "httpcore"])
+def test_both_http2_transports_send(fcm: RunningSimulator, transport: str) -> None:
+    """The lean HTTP/2 transport (default) and httpx's own give the same outcomes."""
+    records = [delivery(f"tok-{i}") for i in range(64)]
+
+    async def body(client: ProviderClient) -> list[Outcome]:
+        return list(await asyncio.gather(*(client.send(r) for r in records)))
+
+    client = FcmClient(fcm_config(fcm, transport=transport))
+    assert (client._h2 is not None) == (transport == "lean")  # noqa: SLF001
+    outcomes = send_with(lambda: client, body)
+    assert all(isinstance(o, Accepted) and o.provider_msg_id for o in outcomes)
+    assert len({o.provider_msg_id for o in outcomes if isinstance(o, Accepted)}) == 64

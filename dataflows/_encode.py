@@ -2,15 +2,15 @@
 
 One Avro serializer per logical topic (its schema and subject from infra/topics.toml), built on
 first use. Records are built by trusted code, so the serializers skip the per-record schema check
-(`validate=False`, ~2x faster); a record fastavro still refuses becomes an `encode_failed` dead
+(`validate=False`, ~2x faster); a record the writer still refuses becomes an `encode_failed` dead
 letter. Used as a `flat_map_batch` mapper: other items in the batch (dead-letter dicts, ready
 KafkaRecords) pass through.
 
 Shaped outputs (`Output.shape`, set by the plan job for records that differ only in their ids)
 of the delivery and delivery_event schemas are spliced (dataflows/_splice.py): the shared
-fields are encoded once per shape and checked once against fastavro's bytes (a mismatch logs
-`encode.splice_mismatch` and that shape falls back to fastavro); per record only the ids are
-encoded.
+fields are encoded once per shape and checked once against the whole record's bytes from the
+serializer (a mismatch logs `encode.splice_mismatch` and that shape falls back to the
+serializer); per record only the ids are encoded.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ class _Splicer:
         self.shapes: dict[tuple[Any, ...], tuple[bytes, ...] | None] = {}
 
     def encode(self, item: Output, fallback: Callable[[Any], bytes]) -> bytes:
-        """Framed bytes of `item` (fastavro's for a new shape, which also validates it)."""
+        """Framed bytes of `item` (the serializer's for a new shape, which also checks it)."""
         assert item.shape is not None
         segments = self.shapes.get(item.shape, _NEW)
         if segments is _NEW:

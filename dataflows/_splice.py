@@ -1,6 +1,5 @@
 """Avro encoding for many records that share most field values (the deliveries of a campaign).
 
-    writer = compile_writer(schema)        value -> Avro binary (any supported schema)
     splice = SpliceEncoder(schema, varying)
     segments = splice.segments(prototype)  every field not in `varying`, encoded once
     body = splice.encode(segments, values) the varying fields encoded between the segments
@@ -10,130 +9,18 @@ the fields a campaign's deliveries share (notification, tenant, type, rendered c
 fallback...) are encoded once per request × channel × locale and only the per-user fields (ids,
 address, timestamps) per record. On a delivery that is ~5x cheaper than fastavro's
 schemaless_writer, which dominated planning time. tests/dataflows/test_splice.py checks the bytes
-against fastavro.
-
-Supported types: null, boolean, int, long (and the timestamp-millis logical type, from an aware
-datetime or epoch millis), float, double, string, bytes, records, arrays, maps, and unions of
-null with one other type. Anything else raises `TypeError` when the writer is compiled.
+against fastavro. The fields are written by `schemas.avro_writer.compile_writer` (the types it
+supports are the ones a spliced schema may use).
 """
 
 from __future__ import annotations
 
-import struct
-from collections.abc import Callable, Mapping, Sequence
-from datetime import UTC, datetime
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["SpliceEncoder", "compile_writer"]
+from schemas.avro_writer import Writer, compile_writer
 
-Writer = Callable[[Any], bytes]
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_SMALL = [bytes([n]) for n in range(128)]
-
-
-def _long(n: int) -> bytes:
-    """Zig-zag varint."""
-    n = (n << 1) ^ (n >> 63)
-    if n < 0x80:
-        return _SMALL[n]
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-def _string(s: str) -> bytes:
-    b = s.encode()
-    n = len(b)
-    return (_SMALL[n << 1] if n < 64 else _long(n)) + b  # zig-zag of a length < 64: one byte
-
-
-def _bytes(b: bytes) -> bytes:
-    return _long(len(b)) + b
-
-
-def _millis(value: datetime | int) -> bytes:
-    if isinstance(value, datetime):
-        delta = value - _EPOCH  # same arithmetic as fastavro (no float rounding)
-        value = (delta.days * 86400 + delta.seconds) * 1000 + delta.microseconds // 1000
-    return _long(value)
-
-
-_PRIMITIVES: dict[str, Writer] = {
-    "null": lambda _v: b"",
-    "boolean": lambda v: b"\x01" if v else b"\x00",
-    "int": _long,
-    "long": _long,
-    "float": lambda v: struct.pack("<f", v),
-    "double": lambda v: struct.pack("<d", v),
-    "string": _string,
-    "bytes": _bytes,
-}
-
-
-def compile_writer(schema: Any, names: dict[str, Writer] | None = None) -> Writer:
-    """A writer for `schema` (JSON form, as in the .avsc); named types resolve through `names`."""
-    names = {} if names is None else names
-    if isinstance(schema, str):
-        if schema in _PRIMITIVES:
-            return _PRIMITIVES[schema]
-        if schema in names:
-            return names[schema]
-        raise TypeError(f"unknown or unsupported type {schema!r}")
-    if isinstance(schema, list):
-        return _union(schema, names)
-    kind = schema["type"]
-    if kind == "long" and schema.get("logicalType") == "timestamp-millis":
-        return _millis
-    if kind == "record":
-        return _record(schema, names)
-    if kind == "array":
-        return _sequence(compile_writer(schema["items"], names), keyed=False)
-    if kind == "map":
-        return _sequence(compile_writer(schema["values"], names), keyed=True)
-    return compile_writer(kind, names)
-
-
-def _union(branches: list[Any], names: dict[str, Writer]) -> Writer:
-    if len(branches) != 2 or "null" not in branches:
-        raise TypeError(f"only unions of null and one type are supported, got {branches!r}")
-    index = 1 - branches.index("null")
-    other = compile_writer(branches[index], names)
-    tag = _long(index)
-    null = _long(1 - index)
-    return lambda v: null if v is None else tag + other(v)
-
-
-def _record(schema: Mapping[str, Any], names: dict[str, Writer]) -> Writer:
-    fields: list[tuple[str, Writer, Any]] = []
-
-    def write(record: Mapping[str, Any]) -> bytes:
-        return b"".join(w(record.get(name, default)) for name, w, default in fields)
-
-    full = (
-        schema["name"]
-        if "." in schema["name"]
-        else f"{schema.get('namespace', '')}.{schema['name']}"
-    )
-    names[full.lstrip(".")] = names[schema["name"]] = write
-    for field in schema["fields"]:
-        fields.append((field["name"], compile_writer(field["type"], names), field.get("default")))
-    return write
-
-
-def _sequence(item: Writer, keyed: bool) -> Writer:
-    def write(values: Any) -> bytes:
-        if not values:
-            return b"\x00"
-        if keyed:
-            body = b"".join(_string(k) + item(v) for k, v in values.items())
-        else:
-            body = b"".join(item(v) for v in values)
-        return _long(len(values)) + body + b"\x00"
-
-    return write
+__all__ = ["SpliceEncoder"]
 
 
 class SpliceEncoder:

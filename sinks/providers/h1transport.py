@@ -37,6 +37,10 @@ _HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"proxy-connection", b"up
 Origin = tuple[str, str, int]
 
 
+class _Stale(Exception):
+    """The pooled connection closed before the request was written: nothing was sent."""
+
+
 class _Connection(asyncio.Protocol):
     """One HTTP/1.1 connection: one request/response at a time."""
 
@@ -107,6 +111,8 @@ class _Connection(asyncio.Protocol):
     ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
         """Write one request, wait for the whole response (ReadTimeout closes the connection)."""
         assert self.transport is not None
+        if self.closed or self.transport.is_closing():
+            raise _Stale
         self._status, self._headers, self._body = 0, [], bytearray()
         self._waiter = asyncio.get_running_loop().create_future()
         try:
@@ -254,13 +260,20 @@ class H1Transport(httpx.AsyncBaseTransport):
         except h11.LocalProtocolError as exc:
             raise httpx.LocalProtocolError(str(exc)) from exc
         timeouts: dict[str, Any] = request.extensions.get("timeout", {})
-        conn = await self._checkout(origin, timeouts)
-        try:
-            status, raw_headers, content = await conn.exchange(head, body, timeouts.get("read"))
-        except BaseException:
-            conn.close()
-            self._release()
-            raise
+        for attempt in range(2):
+            conn = await self._checkout(origin, timeouts)
+            try:
+                status, raw_headers, content = await conn.exchange(head, body, timeouts.get("read"))
+                break
+            except _Stale:
+                conn.close()
+                self._release()
+                if attempt:
+                    raise httpx.ConnectError("connections closed before the request") from None
+            except BaseException:
+                conn.close()
+                self._release()
+                raise
         if conn.reusable():
             self._idle.setdefault(origin, deque()).append(conn)
         else:

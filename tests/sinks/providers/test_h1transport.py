@@ -223,3 +223,21 @@ def test_pool_timeout_when_every_connection_is_busy() -> None:
     results = run(go())
     assert sum(isinstance(r, httpx.PoolTimeout) for r in results) == 1
     assert sum(isinstance(r, httpx.Response) and r.status_code == 200 for r in results) == 1
+
+
+def test_a_pooled_connection_closing_under_the_request_is_replaced() -> None:
+    """Closed after it was taken from the pool, before the write: nothing was sent, so the
+    request goes out on a new connection instead of failing."""
+
+    async def go() -> tuple[int, int]:
+        async with serving(keep_alive) as server:
+            transport = H1Transport()
+            async with httpx.AsyncClient(transport=transport, base_url=server.url) as client:
+                await client.get("/")
+                (idle,) = [c for q in transport._idle.values() for c in q]  # noqa: SLF001
+                assert idle.transport is not None
+                idle.transport.close()  # closing now; the loop reports it only later
+                status = (await client.get("/")).status_code
+            return status, server.connections
+
+    assert run(go()) == (200, 2)

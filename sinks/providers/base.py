@@ -125,6 +125,7 @@ class ProviderClient(ABC):
                     verify=ssl_context(config), max_connections=config.max_connections
                 )
         self._url = httpx.URL(config.base_url)
+        self._prefix = self._url.raw_path.rstrip(b"/")  # a base_url path, as httpx would merge it
         self.http = httpx.AsyncClient(
             transport=transport,
             base_url=config.base_url,
@@ -157,7 +158,13 @@ class ProviderClient(ABC):
             return await self.http.post(path, headers=headers, content=body)
         raw = [(k.encode(), v.encode(), k in unique) for k, v in headers.items()]
         return await self._h2.request(
-            self._url, b"POST", path.encode(), raw, body, self.timeouts, index_path=index_path
+            self._url,
+            b"POST",
+            self._prefix + path.encode(),
+            raw,
+            body,
+            self.timeouts,
+            index_path=index_path,
         )
 
     async def send(self, delivery: Delivery) -> Outcome:

@@ -6,6 +6,7 @@ import asyncio
 import datetime as dt
 import json
 import time
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -173,3 +174,16 @@ def test_both_http2_transports_send(fcm: RunningSimulator, transport: str) -> No
     outcomes = send_with(lambda: client, body)
     assert all(isinstance(o, Accepted) and o.provider_msg_id for o in outcomes)
     assert len({o.provider_msg_id for o in outcomes if isinstance(o, Accepted)}) == 64
+
+
+def test_a_base_url_path_is_kept_by_both_transports(fcm: RunningSimulator) -> None:
+    """A base_url with a path (a proxy in front of FCM) is merged as httpx merges it: the
+    simulator serves no such path, and both transports get the same answer for it."""
+
+    def client(transport: str) -> FcmClient:
+        config = fcm_config(fcm, transport=transport)
+        return FcmClient(config.model_copy(update={"base_url": f"{fcm.base_url}/proxy/"}))
+
+    outcomes = [send_one(partial(client, t), delivery("tok-1")) for t in ("lean", "httpcore")]
+    lean, httpcore = ((type(o), getattr(o, "reason", None), o.status_code) for o in outcomes)
+    assert lean == httpcore == (PlatformError, "NOT_FOUND", 404)

@@ -29,6 +29,8 @@ from typing import Any
 import h11
 import httpx
 
+from sinks.providers.connect import client_tls, connect_errors
+
 __all__ = ["H1Transport"]
 
 log = logging.getLogger(__name__)
@@ -159,14 +161,7 @@ class H1Transport(httpx.AsyncBaseTransport):
         max_connections: int = 16,
         keepalive_expiry: float = 5.0,
     ) -> None:
-        if isinstance(verify, ssl.SSLContext):
-            self._ssl = verify
-        else:
-            self._ssl = ssl.create_default_context()
-            if not verify:
-                self._ssl.check_hostname = False
-                self._ssl.verify_mode = ssl.CERT_NONE
-        self._ssl.set_alpn_protocols(["http/1.1"])
+        self._ssl = client_tls(verify, "http/1.1")
         self.max_connections = max_connections
         self.keepalive_expiry = keepalive_expiry
         self._idle: dict[Origin, deque[_Connection]] = {}
@@ -177,7 +172,7 @@ class H1Transport(httpx.AsyncBaseTransport):
         scheme, host, port = origin
         tls = scheme == "https"
         conn = _Connection()
-        try:
+        with connect_errors(host, port, conn.close):
             async with asyncio.timeout(timeout):
                 await asyncio.get_running_loop().create_connection(
                     lambda: conn,
@@ -186,12 +181,6 @@ class H1Transport(httpx.AsyncBaseTransport):
                     ssl=self._ssl if tls else None,
                     server_hostname=host if tls else None,
                 )
-        except TimeoutError as exc:
-            conn.close()
-            raise httpx.ConnectTimeout(f"connect to {host}:{port} timed out") from exc
-        except (OSError, ssl.SSLError) as exc:
-            conn.close()
-            raise httpx.ConnectError(f"connect to {host}:{port}: {exc}") from exc
         return conn
 
     async def _checkout(self, origin: Origin, timeouts: dict[str, Any]) -> _Connection:

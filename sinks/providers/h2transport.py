@@ -29,6 +29,7 @@ from collections.abc import Mapping
 
 import httpx
 
+from sinks.providers.connect import client_tls, connect_errors
 from sinks.providers.h2connection import Connection, H2Response, Header, NotProcessed
 
 __all__ = ["H2Response", "H2Transport", "Header"]
@@ -50,14 +51,7 @@ class H2Transport(httpx.AsyncBaseTransport):
         max_connections: int = 1,
         max_streams: int = 1000,
     ) -> None:
-        if isinstance(verify, ssl.SSLContext):
-            self._ssl = verify
-        else:
-            self._ssl = ssl.create_default_context()
-            if not verify:
-                self._ssl.check_hostname = False
-                self._ssl.verify_mode = ssl.CERT_NONE
-        self._ssl.set_alpn_protocols(["h2"])
+        self._ssl = client_tls(verify, "h2")
         self.max_connections = max_connections
         self.max_streams = max_streams
         self._conns: list[Connection] = []
@@ -81,7 +75,7 @@ class H2Transport(httpx.AsyncBaseTransport):
         tls = url.scheme == "https"
         port = url.port or (443 if tls else 80)
         conn = Connection(self)
-        try:
+        with connect_errors(url.host, port, conn._close_transport):
             async with asyncio.timeout(timeout):
                 await loop.create_connection(
                     lambda: conn,
@@ -97,12 +91,6 @@ class H2Transport(httpx.AsyncBaseTransport):
                         conn._close_transport()
                         raise httpx.ConnectError("server did not negotiate HTTP/2 (ALPN h2)")
                 await conn.ready  # the server's SETTINGS (e.g. MAX_CONCURRENT_STREAMS)
-        except TimeoutError as exc:
-            conn._close_transport()
-            raise httpx.ConnectTimeout(f"connect to {url.host}:{port} timed out") from exc
-        except (OSError, ssl.SSLError) as exc:
-            conn._close_transport()
-            raise httpx.ConnectError(f"connect to {url.host}:{port}: {exc}") from exc
         log.debug("h2.connected host=%s port=%s", url.host, port)
         return conn
 

@@ -93,12 +93,13 @@ def test_rate_limit_gives_retry_after(apns: RunningSimulator) -> None:
 
 
 def test_expired_provider_token_is_refreshed_and_retried_once(apns: RunningSimulator) -> None:
-    apns.configure(token_ttl_s=1, token_update_min_interval_s=0)
+    # a 2 s TTL: the first send must not take that long even on a loaded machine
+    apns.configure(token_ttl_s=2, token_update_min_interval_s=0)
     cfg = apns_config(apns, token_refresh_s=3600, token_min_interval_s=0)
 
     async def body(client: ProviderClient) -> list[Outcome]:
         first = await client.send(delivery(TOKEN))
-        await asyncio.sleep(1.2)  # the token's iat is now older than the simulator's 1 s TTL
+        await asyncio.sleep(2.2)  # the token's iat is now older than the simulator's 2 s TTL
         return [first, await client.send(delivery(TOKEN))]
 
     client = ApnsClient(cfg)

@@ -74,6 +74,8 @@ DEFAULT_CONSUMER_CONFIG: dict[str, str | int | bool] = {
     "enable.auto.offset.store": False,
     # Where to go when a resumed offset no longer exists (deleted by retention).
     "auto.offset.reset": "earliest",
+    # An empty fetch waits here for data (the broker answers as soon as some arrives): one idle
+    # consumer costs the broker 2 fetches/s instead of 10 (there are hundreds in `herald up`).
     "fetch.wait.max.ms": 500,
     "queued.max.messages.kbytes": 16_384,
     "allow.auto.create.topics": False,

@@ -9,7 +9,9 @@ transactional tenants).
 Budget (example: rate 10k/s, reserved 3k/s):
 
 - **Global bucket G**: refills at `rate`, depth `rate * burst_s`. Every token granted to anyone
-  comes out of G, so over any interval T the grants never exceed `rate * T + depth`.
+  comes out of G, so over any interval T the grants never exceed `rate * T + depth`. With a
+  `jitter_s` allowance the bucket runs with `burst_s - jitter_s` instead (below, `burst_s` is
+  that), so the bound also holds where the requests arrive (ProviderRate).
 - **Priority by level instead of split buckets.** A request may only take G's tokens *above its
   floor*: transactional (while its usage is within `reserved`) down to 0; a normal/bulk flow
   within its fair share down to `L1 = reserved * burst_s`; any flow above its share (and
@@ -175,6 +177,11 @@ class ProviderRate:
 
     `reserved` is transactional's priority share; `transactional_cap` (default `reserved`) caps
     transactional traffic (OTP floods); `burst_s` sizes the bucket depth as seconds of `rate`.
+
+    `jitter_s` is the transit-time variance the budget leaves room for: the bucket runs with
+    `burst_s - jitter_s` seconds of depth, so that requests which reach the provider up to
+    `jitter_s` earlier or later relative to each other than their tokens were granted still fit
+    `rate * T + depth` there (grants alone stay within `rate * T + rate * (burst_s - jitter_s)`).
     """
 
     rate: float
@@ -183,10 +190,13 @@ class ProviderRate:
     burst_s: float = 0.1
     tenant_tau_s: float = 1.0
     tenant_idle_s: float = 2.0
+    jitter_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.rate <= 0 or self.burst_s <= 0:
             raise ConfigError("rate and burst_s must be positive")
+        if not 0 <= self.jitter_s < self.burst_s:
+            raise ConfigError("jitter_s must be in [0, burst_s)")
         if not 0 <= self.reserved < self.rate:
             raise ConfigError("reserved must be in [0, rate)")
         if not self.reserved <= self.cap <= self.rate or self.cap <= 0:
@@ -297,7 +307,7 @@ class RateShaper:
         cfg = self.rate(provider)
         base = f"{self._prefix}shape:{{{provider}}}"
         args: list[str | int | float] = [
-            mode, cls, tenant, n, cfg.rate, cfg.reserved, cfg.cap, cfg.burst_s,
+            mode, cls, tenant, n, cfg.rate, cfg.reserved, cfg.cap, cfg.burst_s - cfg.jitter_s,
             cfg.tenant_tau_s, int(cfg.tenant_idle_s * 1000),
         ]  # fmt: skip
         reply: list[Any] = self._script(keys=[base, f"{base}:flows", f"{base}:txn"], args=args)

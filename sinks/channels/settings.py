@@ -39,10 +39,18 @@ class RateModel(_Model):
     reserved: float = Field(default=0.0, ge=0)
     transactional_cap: float | None = None
     burst_s: float = Field(default=0.1, gt=0)
+    jitter_s: float = Field(
+        default=0.025,
+        ge=0,
+        description="transit-time variance kept out of the bucket depth, so that the provider "
+        "sees at most rate x T + rate x burst_s (herald.shaping.ProviderRate)",
+    )
 
     def build(self) -> ProviderRate:
         """The validated ProviderRate (ConfigError when inconsistent)."""
-        return ProviderRate(self.rate, self.reserved, self.transactional_cap, self.burst_s)
+        return ProviderRate(
+            self.rate, self.reserved, self.transactional_cap, self.burst_s, jitter_s=self.jitter_s
+        )
 
 
 class BackoffModel(_Model):

@@ -313,3 +313,13 @@ def test_configuration_errors(url: str) -> None:
     with pytest.raises(ConfigError):
         ProviderRate(rate=100, reserved=30, transactional_cap=20)
     assert ProviderRate(rate=100).cap == 100  # no reserve: transactional only competes
+
+
+def test_jitter_allowance_is_kept_out_of_the_bucket(url: str, prefix: str) -> None:
+    """A full bucket grants `rate * (burst_s - jitter_s)` at once, not the whole depth."""
+    rate = ProviderRate(rate=1000.0, burst_s=0.1, jitter_s=0.025)
+    shaper = RateShaper(redis.Redis.from_url(url), {"sim": rate}, prefix=prefix)
+    first = shaper.acquire("sim", "bulk", "t1", 500)
+    assert 74 <= first.granted <= 80  # 75 tokens, plus what refilled meanwhile (a few ms)
+    with pytest.raises(ConfigError):
+        ProviderRate(rate=1000.0, burst_s=0.1, jitter_s=0.1)

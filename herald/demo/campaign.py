@@ -1,8 +1,8 @@
 """Scenes 2 and 5 of `herald demo`, which share one bulk campaign.
 
 Scene 2 starts the campaign and, once it drains, sends an OTP and times it; scene 5's
-unsubscribe happens at that moment too (mid-campaign) and is checked after the drain reached
-the users who unsubscribed.
+unsubscribe happens right after the campaign was accepted (mid-campaign, before its sends) and
+is checked after the drain reached the users who unsubscribed.
 """
 
 from __future__ import annotations

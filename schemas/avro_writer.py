@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-__all__ = ["Writer", "compile_writer", "write_long", "write_string"]
+__all__ = ["Writer", "compile_writer"]
 
 Writer = Callable[[Any], bytes]
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -150,8 +150,3 @@ def _sequence(item: Writer, keyed: bool) -> Writer:
         return _long(len(values)) + body + b"\x00"
 
     return write
-
-
-# The primitives other encoders splice with (dataflows/_splice.py).
-write_long = _long
-write_string = _string

@@ -128,11 +128,11 @@ class EpochFlushSink(FixedPartitionedSink[X, None], ABC, Generic[X]):
 
 
 class DeliveryTracker:
-    """Counts in-flight items and collects failures reported by delivery callbacks.
+    """Collects the failures a client reports from its delivery callbacks (any thread).
 
-    `sent()` is called by the writer for every item handed to the client, `delivered(err, what)`
-    from the client's delivery callback (any thread). Failures are kept (the first few in detail)
-    until `raise_if_failed()` turns them into one `DeliveryError`.
+    The writer's client knows how many items are still unacknowledged (librdkafka's queue
+    length); this only keeps what failed, the first few in detail, until `raise_if_failed()`
+    turns them into one `DeliveryError`.
     """
 
     _KEEP = 5
@@ -140,31 +140,11 @@ class DeliveryTracker:
     def __init__(self, name: str) -> None:
         self.name = name
         self._lock = threading.Lock()
-        self._in_flight = 0
         self._failed = 0
         self._examples: list[str] = []
 
-    @property
-    def in_flight(self) -> int:
-        """Items handed to the client whose outcome is not known yet."""
-        return self._in_flight
-
-    def sent(self, n: int = 1) -> None:
-        """Record `n` items handed to the client."""
-        with self._lock:
-            self._in_flight += n
-
-    def delivered(self, error: str | None, where: str = "") -> None:
-        """Record one outcome: `error` is None on success, else a short code (no bodies)."""
-        with self._lock:
-            self._in_flight -= 1
-            if error is not None:
-                self._failed += 1
-                if len(self._examples) < self._KEEP:
-                    self._examples.append(f"{where} {error}".strip())
-
     def fail(self, error: str) -> None:
-        """Record a client-level failure not tied to one item (e.g. a fatal client error)."""
+        """Record one failure: an item the client gave up on, or a client-level error."""
         with self._lock:
             self._failed += 1
             if len(self._examples) < self._KEEP:

@@ -156,6 +156,7 @@ def _delivery_event() -> dict[str, Any]:
         "occurred_at": NOW,
         "recorded_at": NOW,
         "attributes": {"http_status": "200"},
+        "generation": 1,
     }
 
 

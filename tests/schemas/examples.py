@@ -116,6 +116,7 @@ def _delivery() -> dict[str, Any]:
                 "rendered": {"title": "Code", "body": "Your code", "subject": None, "data": {}},
             }
         ],
+        "generation": 1,
     }
 
 

@@ -78,6 +78,7 @@ def accepted_event(request: Mapping[str, Any], recorded_at: datetime) -> dict[st
         "occurred_at": request["accepted_at"],
         "recorded_at": recorded_at,
         "attributes": attributes,
+        "generation": 0,
     }
 
 

@@ -20,7 +20,9 @@ Run: `python -m bytewax.run "dataflows.receipts:build_flow()"` (HERALD_* env; tu
 HERALD_RECEIPTS_*; /metrics on HERALD_METRICS_PORT when set).
 
 At-least-once everywhere: emitted events have deterministic ids (`ids.event_id(delivery_id,
-state, attempt)`), receipt rows dedupe on provider_event_id, Redis writes are compare-and-set.
+state, attempt, "", generation)`), receipt rows dedupe on provider_event_id, Redis writes are
+compare-and-set. A receipt joined by message id belongs to the generation (DLQ replays) of the
+PROVIDER_ACCEPTED event that named the message (herald.delivery_fold).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from herald.delivery_fold import (
     FoldConfig,
     MsgJoin,
     Unmatched,
+    event_generation,
 )
 from herald.metrics import JobMetrics
 from herald.receipts import BadReceipt, ReceiptEvent, join_key, normalize
@@ -97,7 +100,8 @@ def _now() -> datetime:
 
 
 class _JoinLogic(StatefulLogic[tuple[str, Any], Any, MsgJoin]):
-    """Bytewax adapter of `MsgJoin`; items ("pa", delivery_id) | ("rc", ReceiptEvent)."""
+    """Bytewax adapter of `MsgJoin`; items ("pa", (delivery_id, generation)) | ("rc",
+    ReceiptEvent)."""
 
     def __init__(self, cfg: FoldConfig, state: MsgJoin | None) -> None:
         self.cfg = cfg
@@ -107,7 +111,8 @@ class _JoinLogic(StatefulLogic[tuple[str, Any], Any, MsgJoin]):
         kind, item = value
         now = _now()
         if kind == "pa":
-            out = self.state.on_accepted(item, now, self.cfg)
+            delivery_id, generation = item
+            out = self.state.on_accepted(delivery_id, generation, now, self.cfg)
         else:
             out = self.state.on_receipt(item, now, self.cfg)
         return [("route", d, ev) for d, ev in out], self.RETAIN
@@ -121,7 +126,7 @@ class _JoinLogic(StatefulLogic[tuple[str, Any], Any, MsgJoin]):
         return self.state.next_at()
 
     def snapshot(self) -> MsgJoin:
-        return MsgJoin(self.state.delivery_id, self.state.mapped_until, list(self.state.held))
+        return self.state.snapshot()
 
 
 class _FoldLogic(StatefulLogic[tuple[str, Any], Any, DeliveryFold]):
@@ -262,7 +267,7 @@ def build_flow(
     )
     # delivery_event dict of one delivery (request-level ACCEPTED events skipped)
     accepted = op.filter_map("provider_accepted", events, _accepted_key)
-    # (join key, ("pa", delivery_id))
+    # (join key, ("pa", (delivery_id, generation)))
     receipts_by_msg = op.map("tag_by_msg", by_msg, lambda r: (r[0][1], ("rc", r[1])))
     joined = op.stateful(
         "join_msg_id", op.merge("join_in", accepted, receipts_by_msg),
@@ -312,12 +317,13 @@ def build_flow(
     return flow
 
 
-def _accepted_key(event: dict[str, Any]) -> tuple[str, tuple[str, str]] | None:
+def _accepted_key(event: dict[str, Any]) -> tuple[str, tuple[str, tuple[str, int]]] | None:
     if event["state"] != "PROVIDER_ACCEPTED" or not event.get("provider"):
         return None
     if not event.get("provider_msg_id"):
         return None
-    return join_key(event["provider"], event["provider_msg_id"]), ("pa", event["delivery_id"])
+    sent = (event["delivery_id"], event_generation(event))
+    return join_key(event["provider"], event["provider_msg_id"]), ("pa", sent)
 
 
 def _unmatched_row(ev: ReceiptEvent) -> dict[str, Any]:

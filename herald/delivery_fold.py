@@ -1,12 +1,19 @@
 """The receipts job's keyed state, as plain classes (no Bytewax): join, fold, timers, TTLs.
 
-    MsgJoin         one provider message (key `provider|provider_msg_id`): which delivery it
-                    belongs to (from dispatch's PROVIDER_ACCEPTED event), and receipts that came
-                    before that record, held until `hold_ttl`, then given up as unmatched
+    MsgJoin         one provider message (key `provider|provider_msg_id`): which delivery and
+                    generation it belongs to (from dispatch's PROVIDER_ACCEPTED event), and
+                    receipts that came before that record, held until `hold_ttl`, then given up
+                    as unmatched
     DeliveryFold    one delivery (key delivery_id): its context, current state folded through
                     herald.states, receipts already seen (idempotent append by
                     provider_event_id), premature engagement events, the observation timer
                     (DELIVERY_UNKNOWN), and receipts held until the delivery is known
+
+Generations (DLQ replays, herald.dlq): the fold follows the latest generation of a delivery. An
+event of a later one starts the delivery over from ACCEPTED (a replay may follow
+FAILED_PERMANENT); events of an earlier one change nothing, and receipts answering an earlier
+generation's send are kept as `stale` facts. Emitted events and status updates carry the
+generation. State restored from a snapshot taken before generations existed is generation 0.
 
 Every method takes `now` (tz-aware UTC) and returns what to emit; `next_at()` is the next time
 the owner must call `on_timer(now)`; `expired(now)` says the state may be discarded. Outputs:
@@ -21,6 +28,7 @@ the owner must call `on_timer(now)`; `expired(now)` says the state may be discar
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
@@ -40,6 +48,7 @@ __all__ = [
     "MsgJoin",
     "Output",
     "Unmatched",
+    "event_generation",
     "fact_row",
 ]
 
@@ -115,10 +124,11 @@ class Context:
     accepted_at: datetime | None = None
     provider_accepted_at: datetime | None = None
     address_tag: str | None = None  # of the address the accepted attempt went to
+    generation: int = 0  # DLQ replays of the delivery (the latest generation seen)
 
     @classmethod
     def of(cls, event: Mapping[str, Any]) -> Context:
-        """The context of the delivery a delivery_event belongs to."""
+        """The context of the delivery (generation) a delivery_event belongs to."""
         ctx = cls(
             delivery_id=str(event["delivery_id"]),
             notification_id=str(event["notification_id"]),
@@ -127,6 +137,7 @@ class Context:
             notification_type=str(event["notification_type"]),
             channel=str(event["channel"]),
             traffic_class=str(event["traffic_class"]),
+            generation=event_generation(event),
         )
         ctx.learn(event)
         return ctx
@@ -145,6 +156,21 @@ class Context:
             self.provider_accepted_at = occurred
             tag = (event.get("attributes") or {}).get("address_tag")
             self.address_tag = tag or getattr(self, "address_tag", None)
+
+
+def event_generation(event: Mapping[str, Any]) -> int:
+    """The generation of a delivery_event (0 when absent: before any replay)."""
+    return int(event.get("generation") or 0)
+
+
+def _generation(state: Context | MsgJoin) -> int:
+    """Its generation; 0 for state restored from a snapshot taken before generations existed."""
+    return int(getattr(state, "generation", 0))
+
+
+def _answers(ev: ReceiptEvent) -> int | None:
+    """The generation of the send a receipt answers (None: unknown, the delivery's latest)."""
+    return getattr(ev, "generation", None)  # absent on receipts held in an older snapshot
 
 
 def _ms(value: datetime) -> int:
@@ -174,14 +200,16 @@ class MsgJoin:
     delivery_id: str | None = None
     mapped_until: datetime | None = None
     held: list[tuple[datetime, ReceiptEvent]] = field(default_factory=list)
+    generation: int = 0  # of the send that got this message id
 
     def on_accepted(
-        self, delivery_id: str, now: datetime, cfg: FoldConfig
+        self, delivery_id: str, generation: int, now: datetime, cfg: FoldConfig
     ) -> list[tuple[str, ReceiptEvent]]:
-        """Dispatch recorded this message: remember it, release held receipts."""
-        self.delivery_id = delivery_id
+        """Dispatch recorded this message: remember it, release held receipts (stamped with
+        the send's generation)."""
+        self.delivery_id, self.generation = delivery_id, generation
         self.mapped_until = now + cfg.state_ttl
-        released = [(delivery_id, ev) for _deadline, ev in self.held]
+        released = [(delivery_id, replace(ev, generation=generation)) for _d, ev in self.held]
         self.held.clear()
         return released
 
@@ -190,7 +218,7 @@ class MsgJoin:
     ) -> list[tuple[str, ReceiptEvent]]:
         """Route to the delivery when known, else hold until `now + hold_ttl`."""
         if self.delivery_id is not None:
-            return [(self.delivery_id, ev)]
+            return [(self.delivery_id, replace(ev, generation=_generation(self)))]
         self.held.append((now + cfg.hold_ttl, ev))
         return []
 
@@ -209,6 +237,12 @@ class MsgJoin:
     def expired(self, now: datetime) -> bool:
         return not self.held and (self.mapped_until is None or self.mapped_until <= now)
 
+    def snapshot(self) -> MsgJoin:
+        """An independent copy for Bytewax recovery."""
+        copied = copy.copy(self)
+        copied.held = list(self.held)
+        return copied
+
 
 @dataclass(slots=True)
 class DeliveryFold:
@@ -225,23 +259,31 @@ class DeliveryFold:
     # -- inputs ------------------------------------------------------------------------------
 
     def on_event(self, event: Mapping[str, Any], now: datetime, cfg: FoldConfig) -> list[Output]:
-        """A delivery_event from the topic (any job, this one included)."""
+        """A delivery_event from the topic (any job, this one included); see the module doc
+        for events of another generation."""
         out: list[Output] = []
-        if self.ctx is None:
+        generation = event_generation(event)
+        if self.ctx is not None and generation < _generation(self.ctx):
+            return out
+        if self.ctx is None or generation > _generation(self.ctx):
             self.ctx = Context.of(event)
+            self.state, self.watch_until = states.State.ACCEPTED, None
+            self.pending.clear()
         else:
             self.ctx.learn(event)
         self._apply(event["state"], None, dict(event), now, cfg, out)
-        for _deadline, ev in self.held:
+        ready = [ev for _deadline, ev in self.held if not self._ahead(ev)]
+        self.held = [(d, ev) for d, ev in self.held if self._ahead(ev)]
+        for ev in ready:
             self._receipt(ev, now, cfg, out)
-        self.held.clear()
         self._touch(now, cfg)
         return out
 
     def on_receipt(self, ev: ReceiptEvent, now: datetime, cfg: FoldConfig) -> list[Output]:
-        """A normalized receipt routed to this delivery."""
+        """A normalized receipt routed to this delivery; held until the delivery, or the
+        generation of the send it answers, is known."""
         out: list[Output] = []
-        if self.ctx is None:
+        if self.ctx is None or self._ahead(ev):
             self.held.append((now + cfg.hold_ttl, ev))
         else:
             self._receipt(ev, now, cfg, out)
@@ -277,11 +319,21 @@ class DeliveryFold:
         terminal = not states.TABLES.get(self.ctx.channel, {}).get(self.state)
         self.idle_until = now + (cfg.final_ttl if terminal and not self.pending else cfg.state_ttl)
 
+    def _ahead(self, ev: ReceiptEvent) -> bool:
+        """The receipt answers a send of a generation this fold has not seen yet."""
+        sent = _answers(ev)
+        return self.ctx is not None and sent is not None and sent > _generation(self.ctx)
+
     def _receipt(self, ev: ReceiptEvent, now: datetime, cfg: FoldConfig, out: list[Output]) -> None:
         if ev.provider_event_id in self.seen:
             return  # the same webhook again: appended once
         self.seen.add(ev.provider_event_id)
-        outcome = self._apply(ev.state or "", ev, None, now, cfg, out)
+        sent = _answers(ev)
+        assert self.ctx is not None
+        if sent is not None and sent < _generation(self.ctx):
+            outcome = str(states.Outcome.STALE)  # answers a send a DLQ replay superseded
+        else:
+            outcome = self._apply(ev.state or "", ev, None, now, cfg, out)
         out.append(Fact(fact_row(ev, outcome, now, self.ctx)))
         # a snapshot taken before Context had the field has no tag: nothing to compare with
         tag = getattr(self.ctx, "address_tag", None)
@@ -340,7 +392,7 @@ class DeliveryFold:
             reason, provider, updated = event["reason"], event["provider"], event["occurred_at"]
         out.append(StatusUpdate(
             ctx.notification_id, ctx.delivery_id, str(new), ctx.channel, ctx.user_id, updated,
-            reason, provider or ctx.provider,
+            reason, provider or ctx.provider, _generation(ctx),
         ))  # fmt: skip
 
     def _event(self, new: states.State, ev: ReceiptEvent | None, now: datetime) -> dict[str, Any]:
@@ -363,8 +415,9 @@ class DeliveryFold:
         if ctx.accepted_at is not None:
             latency = max(0, _ms(occurred) - _ms(ctx.accepted_at))
         reason = ev.reason if ev is not None else "no_receipt_in_window"
+        generation = _generation(ctx)
         return {
-            "event_id": ids.event_id(ctx.delivery_id, str(new), ctx.attempt),
+            "event_id": ids.event_id(ctx.delivery_id, str(new), ctx.attempt, "", generation),
             "delivery_id": ctx.delivery_id, "notification_id": ctx.notification_id,
             "user_id": ctx.user_id, "tenant_id": ctx.tenant_id,
             "notification_type": ctx.notification_type, "channel": ctx.channel,
@@ -373,11 +426,12 @@ class DeliveryFold:
             "provider_msg_id": (ev.provider_msg_id if ev is not None else None)
             or ctx.provider_msg_id,
             "attempt": ctx.attempt, "latency_ms": latency, "occurred_at": occurred,
-            "recorded_at": now, "attributes": attributes,
+            "recorded_at": now, "attributes": attributes, "generation": generation,
         }  # fmt: skip
 
     def snapshot(self) -> DeliveryFold:
-        """An independent copy for Bytewax recovery."""
-        ctx = replace(self.ctx) if self.ctx is not None else None
+        """An independent copy for Bytewax recovery (copy, not dataclasses.replace: a context
+        restored from an older snapshot may lack a field added since)."""
+        ctx = copy.copy(self.ctx)
         return DeliveryFold(ctx, self.state, set(self.seen), list(self.pending), list(self.held),
                             self.watch_until, self.idle_until)  # fmt: skip

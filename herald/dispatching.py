@@ -12,11 +12,13 @@ and carries the effects out. Everything here is pure and works on `delivery` dic
 schemas/delivery.avsc; timestamps may be aware datetimes or epoch milliseconds (the dispatch job
 decodes them as milliseconds, `instant` reads both).
 
-Event ids are deterministic (`herald.ids.event_id(delivery_id, state, attempt, reason)`), so a
-batch processed again after a crash emits the same ids and consumers deduplicate. `attempt` is
-the 1-based number of the provider attempt an event belongs to; `Delivery.attempt` counts the
-attempts already made. A retry's record carries the provider it will use and the fallback steps
-left, so a delivery that failed over to sms_b retries on sms_b and never fails over twice.
+Event ids are deterministic (`herald.ids.event_id(delivery_id, state, attempt, reason,
+generation)`), so a batch processed again after a crash emits the same ids and consumers
+deduplicate. `attempt` is the 1-based number of the provider attempt an event belongs to;
+`Delivery.attempt` counts the attempts already made; `Delivery.generation` (DLQ replays) is
+copied into every event and every record made from the delivery. A retry's record carries the
+provider it will use and the fallback steps left, so a delivery that failed over to sms_b
+retries on sms_b and never fails over twice.
 
 The guard value of a sent delivery stores `"<provider>|<attempt>|<provider_msg_id>"`
 (`sent_marker`), so a redelivered record that finds SENT re-emits the exact PROVIDER_ACCEPTED
@@ -206,10 +208,12 @@ def event(
     latency_ms: int | None = None,
     attributes: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """A delivery_event record; its id is `event_id(delivery_id, state, attempt, reason)`."""
+    """A delivery_event record of the delivery's generation (DLQ replays, herald.dlq); its id
+    is `event_id(delivery_id, state, attempt, reason, generation)`."""
     name = str(state)
+    generation = int(delivery.get("generation") or 0)
     return {
-        "event_id": ids.event_id(delivery["delivery_id"], name, attempt, reason or ""),
+        "event_id": ids.event_id(delivery["delivery_id"], name, attempt, reason or "", generation),
         "delivery_id": delivery["delivery_id"],
         "notification_id": delivery["notification_id"],
         "user_id": delivery["user_id"],
@@ -226,6 +230,7 @@ def event(
         "occurred_at": now,
         "recorded_at": now,
         "attributes": dict(attributes or {}),
+        "generation": generation,
     }
 
 

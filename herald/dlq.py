@@ -17,7 +17,11 @@ the letters of job `dispatch` (optionally of some reasons or deliveries) and for
 - otherwise the delivery goes back to its deliveries topic with the **same delivery_id and
   expire_at** (and provider and remaining fallback), `attempt`, `first_attempt_at` and
   `next_attempt_at` reset: a new retry budget, the same identity, so dispatch's send guard still
-  stops a copy that was in fact delivered, and receipts still join it.
+  stops a copy that was in fact delivered, and receipts still join it. Its `generation` is the
+  letter's + 1: the replay's events carry it, so their ids differ from the original attempts'
+  (herald.ids.event_id) and ClickHouse keeps both histories, and a higher generation's state
+  supersedes the original FAILED_PERMANENT in the hot status (herald.status_keys, the receipts
+  job's fold) and in ClickHouse's current state (migration 0009).
 
 Records are produced (acks=all) before the markers are set: a replay interrupted in between is
 re-driven by the next run and stopped by the send guard. `herald replay` calls this for dispatch
@@ -168,7 +172,8 @@ class _Replayer:
             value = self.encoder.serializer(EVENTS_TOPIC)(ev)
             self._produce(self.kafka.topic(EVENTS_TOPIC), did, value)
         else:
-            fresh = {**delivery, "attempt": 0, "first_attempt_at": None, "next_attempt_at": None}
+            fresh = {**delivery, "attempt": 0, "first_attempt_at": None, "next_attempt_at": None,
+                     "generation": int(delivery.get("generation") or 0) + 1}  # fmt: skip
             logical = f"herald.deliveries.{fresh['channel']}.{fresh['traffic_class']}"
             self._produce(letter["source_topic"], did, self.encoder.serializer(logical)(fresh))
             result.replayed += 1

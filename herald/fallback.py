@@ -247,6 +247,9 @@ def _delivery(
         "fallback_content": [
             c for c in source.get("fallback_content") or () if c["channel"] in remaining
         ],
+        # Its own delivery, never replayed: a fallback made again by a DLQ replay of the source
+        # meets the first one's event ids and send guard instead of superseding its state.
+        "generation": 0,
     }
 
 

@@ -8,7 +8,8 @@ differ and no separator needs escaping.
     request_id       the caller's retry key (free text, chosen by the caller)
     notification_id  one business notification  = f(tenant_id, request_id)
     delivery_id      one user x channel (x dev) = f(notification_id, user_id, channel[, device])
-    event_id         one delivery state event   = f(delivery_id, state, attempt[, discriminator])
+    event_id         one delivery state event   = f(delivery_id, state, attempt[, discriminator]
+                                                    [, generation when > 0])
     digest window    one digest window          = f(recipient, type, object, window_start)
 
 `notification_id` ignores the request body: same tenant + same request_id always collide, and the
@@ -77,13 +78,21 @@ def delivery_id(
     return _uuid5(_NS_DELIVERY, _name(notification_id, user_id, channel, device_id))
 
 
-def event_id(delivery_id: str, state: str, attempt: int, discriminator: str = "") -> str:
+def event_id(
+    delivery_id: str, state: str, attempt: int, discriminator: str = "", generation: int = 0
+) -> str:
     """Id of one state event; the same transition reported twice (duplicate webhook) collides.
 
     `discriminator` separates events that legitimately repeat within one attempt (e.g. the
     provider event id of a second click on another link); leave it empty otherwise.
+    `generation` is the delivery's DLQ replay count (herald.dlq): a replay numbers its attempts
+    from 1 again, and its events must not collide with the original attempts'. It is hashed
+    only when > 0, so generation 0 keeps the ids of before replays had generations.
     """
-    return _uuid5(_NS_EVENT, _name(delivery_id, state, str(int(attempt)), discriminator))
+    name = _name(delivery_id, state, str(int(attempt)), discriminator)
+    if generation:
+        name += _name(str(int(generation)))
+    return _uuid5(_NS_EVENT, name)
 
 
 def digest_window_id(

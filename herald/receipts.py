@@ -143,6 +143,9 @@ class ReceiptEvent:
     payload: bytes = b""
     content_type: str = ""
     headers: dict[str, str] = field(default_factory=dict)
+    # Generation (DLQ replays) of the send the receipt answers, set by the receipts job's join
+    # from the PROVIDER_ACCEPTED event of its message; None: the delivery's latest (a hint).
+    generation: int | None = None
 
     @property
     def channel(self) -> str:

@@ -2,7 +2,8 @@
 backwards.
 
     status:{<notification_id>}   hash   delivery_id -> JSON {state, reason, channel, user_id,
-                                        provider, updated_at (RFC 3339, Z)}; TTL 30 days
+                                        provider, updated_at (RFC 3339, Z), generation};
+                                        TTL 30 days
 
 This is the layout of api/keys.py (`keys.status`) and api/status.py (`status_entry`), which the
 API reads; tests/herald/test_receipts.py checks that both sides agree.
@@ -13,6 +14,11 @@ entry is written when the field is absent, or its current state is one of those 
 state equal to the current one, a late `sent` after `delivered`, or a retried write after a
 crash is a no-op, so every writer (plan, dispatch, receipts) may write at-least-once and in any
 order without a delivery ever going backwards.
+
+Generations (DLQ replays, herald.dlq) come first: an update of a higher generation than the
+entry's is written whatever the states (a replay accepted by the provider leaves the original
+FAILED_PERMANENT), one of a lower generation never is, and within one generation the rules above
+apply. An entry without `generation` (written before generations existed) is generation 0.
 """
 
 from __future__ import annotations
@@ -42,19 +48,23 @@ __all__ = [
 
 STATUS_TTL_SECONDS = 30 * 24 * 3600
 
-# KEYS[1] status hash; ARGV: delivery_id, entry JSON, new state, ttl ms, sources...
+# KEYS[1] status hash; ARGV: delivery_id, entry JSON, new state, ttl ms, generation, sources...
 CAS_SCRIPT = """
 local current = redis.call('HGET', KEYS[1], ARGV[1])
 if current then
   local ok, doc = pcall(cjson.decode, current)
   if ok and type(doc) == 'table' and type(doc['state']) == 'string' then
-    local from = doc['state']
-    if from == ARGV[3] then return 0 end
-    local allowed = false
-    for i = 5, #ARGV do
-      if ARGV[i] == from then allowed = true; break end
+    local had, gen = tonumber(doc['generation']) or 0, tonumber(ARGV[5])
+    if gen < had then return 0 end
+    if gen == had then
+      local from = doc['state']
+      if from == ARGV[3] then return 0 end
+      local allowed = false
+      for i = 6, #ARGV do
+        if ARGV[i] == from then allowed = true; break end
+      end
+      if not allowed then return 0 end
     end
-    if not allowed then return 0 end
   end
 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
@@ -72,12 +82,12 @@ def status_key(notification_id: str) -> str:
 
 def status_entry(
     *, state: str, channel: str, user_id: str, updated_at: datetime,
-    reason: str | None = None, provider: str | None = None,
+    reason: str | None = None, provider: str | None = None, generation: int = 0,
 ) -> bytes:  # fmt: skip
     """The JSON value of one `status:{nid}` field (written by the API, plan, dispatch, receipts)."""
     return orjson.dumps(
         {"state": state, "reason": reason, "channel": channel, "user_id": user_id,
-         "provider": provider, "updated_at": updated_at},
+         "provider": provider, "updated_at": updated_at, "generation": generation},
         option=orjson.OPT_UTC_Z,
     )  # fmt: skip
 
@@ -101,18 +111,21 @@ class StatusUpdate:
     updated_at: datetime
     reason: str | None = None
     provider: str | None = None
+    generation: int = 0
 
     def entry(self) -> bytes:
         """The JSON stored in the hash field."""
         return status_entry(
             state=self.state, channel=self.channel, user_id=self.user_id,
             updated_at=self.updated_at, reason=self.reason, provider=self.provider,
+            generation=self.generation,
         )  # fmt: skip
 
     def args(self, ttl_seconds: int = STATUS_TTL_SECONDS) -> list[str | bytes | int]:
         """ARGV of `CAS_SCRIPT`."""
         sources: Sequence[str] = allowed_sources(self.channel, self.state)
-        return [self.delivery_id, self.entry(), self.state, ttl_seconds * 1000, *sources]
+        return [self.delivery_id, self.entry(), self.state, ttl_seconds * 1000, self.generation,
+                *sources]  # fmt: skip
 
 
 def write_statuses(

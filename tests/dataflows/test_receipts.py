@@ -51,12 +51,13 @@ class World:
 
     def accepted(
         self, name: str, channel: str, provider: str, msg_id: str, user: str = "u-1",
-        **attributes: str,
+        generation: int = 0, **attributes: str,
     ) -> None:  # fmt: skip
-        """dispatch's PROVIDER_ACCEPTED event for delivery `name`."""
+        """dispatch's PROVIDER_ACCEPTED event for delivery `name` (of a DLQ replay generation)."""
         delivery = self.d(name)
         event = {
-            "event_id": ids.event_id(delivery, "PROVIDER_ACCEPTED", 1), "delivery_id": delivery,
+            "event_id": ids.event_id(delivery, "PROVIDER_ACCEPTED", 1, "", generation),
+            "delivery_id": delivery, "generation": generation,
             "notification_id": self.nid, "user_id": user, "tenant_id": self.tenant,
             "notification_type": "order_shipped", "channel": channel, "traffic_class": "normal",
             "state": "PROVIDER_ACCEPTED", "reason": None, "provider": provider,
@@ -173,6 +174,32 @@ def test_out_of_order_and_duplicated_receipts_bounded(settings: HeraldSettings) 
     ]
     letters = [decoder(settings)(v) for _k, v in consume(settings, "herald.dead-letters")]
     assert [(d["job"], d["reason"]) for d in letters] == [("receipts", "unparseable_receipt")]
+
+
+def test_receipts_join_the_generation_of_the_send_they_answer_bounded(
+    settings: HeraldSettings,
+) -> None:
+    """A delivery sent again by a DLQ replay (generation 1, a new message id): the replay's DLR
+    delivers it, a late DLR of the first send is stale, whatever the two inputs' interleaving."""
+    w = World(settings)
+    w.accepted("sms-1", "sms", "sms_a", f"{w.p}SM1")
+    w.accepted("sms-1", "sms", "sms_a", f"{w.p}SM2", generation=1)
+    w.twilio(f"{w.p}SM1", "undelivered")
+    w.twilio(f"{w.p}SM2", "delivered")
+    w.twilio(f"{w.p}SM1", "delivered")  # late, about the first send
+
+    run_main(
+        build_flow(settings, bounded=True, receipts=ReceiptsSettings()),
+        epoch_interval=timedelta(milliseconds=200),
+    )
+
+    sms = w.d("sms-1")
+    assert w.status() == {sms: "DELIVERED"}
+    delivered = [e for e in w.emitted()[sms] if e["state"] == "DELIVERED"]
+    assert [(e["generation"], e["event_id"]) for e in delivered] == [
+        (1, ids.event_id(sms, "DELIVERED", 1, "", 1))
+    ]
+    assert ("sms_a", "delivered", "stale", sms) in w.facts()
 
 
 def test_dead_address_receipts_disable_the_address_the_message_went_to(

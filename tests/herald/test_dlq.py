@@ -1,5 +1,7 @@
 """Dead-letter replay: dead letters written by the real dispatch sink (retries exhausted), then
-re-driven with the same delivery_id and expire_at, policy and expiry re-checked, idempotent."""
+re-driven with the same delivery_id and expire_at as the next generation, policy and expiry
+re-checked, idempotent; the replay's status supersedes FAILED_PERMANENT in Redis and ClickHouse
+while ClickHouse keeps the original attempts' events."""
 
 from __future__ import annotations
 
@@ -8,11 +10,16 @@ from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
+import orjson
 import pytest
 import redis
+from bytewax.testing import run_main
 
+from dataflows import receipts, warehouse
 from herald.config import HeraldSettings
 from herald.dlq import replay_dead_letters
+from herald.status_keys import status_key
+from infra.clickhouse import herald_client
 from infra.simulators.launcher import RunningSimulator, start_simulator
 from sinks.channels.settings import DispatchSettings
 from sinks.dispatch import DispatchSink
@@ -82,6 +89,7 @@ def test_replay_keeps_identity_rechecks_policy_and_is_idempotent(
         None,
         None,
     )
+    assert again["generation"] == 1
     assert read(settings, PUSH_BULK) == []
     checked = {(e["delivery_id"], e["state"], e["reason"]) for e in read(settings, EVENTS)
                if e["attributes"].get("by") == "dlq_replay"}  # fmt: skip
@@ -99,4 +107,39 @@ def test_replay_keeps_identity_rechecks_policy_and_is_idempotent(
     did = failing["delivery_id"]
     events = read(settings, EVENTS)
     accepted = [e for e in events if e["state"] == "PROVIDER_ACCEPTED" and e["delivery_id"] == did]
-    assert len(accepted) == 1 and accepted[0]["attempt"] == 1
+    assert len(accepted) == 1 and (accepted[0]["attempt"], accepted[0]["generation"]) == (1, 1)
+    assert_replay_supersedes_the_failure(settings, failing)
+
+
+def assert_replay_supersedes_the_failure(settings: HeraldSettings, sent: dict[str, Any]) -> None:
+    """The receipts job (hot status) and the warehouse job (ClickHouse) over the events: the
+    replay's PROVIDER_ACCEPTED is the current state, next to the original attempts' events."""
+    for flow in (
+        receipts.build_flow(settings, bounded=True),
+        warehouse.build_flow(settings, bounded=True),
+    ):
+        run_main(flow, epoch_interval=timedelta(milliseconds=200))
+    did = sent["delivery_id"]
+    client = redis.Redis.from_url(settings.redis.url)
+    try:
+        raw = client.hget(status_key(sent["notification_id"]), did)
+    finally:
+        client.close()
+    status = orjson.loads(raw)  # type: ignore[arg-type]
+    assert (status["state"], status["generation"]) == ("PROVIDER_ACCEPTED", 1)
+    ch = herald_client(settings.clickhouse)
+    try:
+        history = ch.query(
+            "SELECT generation, state, attempt FROM delivery_events FINAL"
+            " WHERE delivery_id = {d:String}",
+            parameters={"d": did},
+        ).result_rows
+        current = ch.query(
+            "SELECT state FROM delivery_current WHERE delivery_id = {d:String}",
+            parameters={"d": did},
+        ).result_rows
+    finally:
+        ch.close()
+    assert {(0, "SENDING", 1), (0, "FAILED_PERMANENT", 1), (1, "SENDING", 1),
+            (1, "PROVIDER_ACCEPTED", 1)} <= {tuple(r) for r in history}  # fmt: skip
+    assert current == [("PROVIDER_ACCEPTED",)]

@@ -48,6 +48,19 @@ def test_event_id_dedups_the_same_transition() -> None:
     assert event_id(did, "CLICKED", 1, "evt-1") != event_id(did, "CLICKED", 1, "evt-2")
 
 
+def test_event_id_of_a_replay_generation_differs_and_generation_0_is_unchanged() -> None:
+    # The ids of before generations existed (computed then), so stored events keep theirs.
+    assert event_id("d-1", "SENDING", 1) == "04685d92-91fe-53ac-ad85-3b71618ce06f"
+    assert event_id("d-1", "FAILED_PERMANENT", 1, "retries_exhausted", generation=0) == (
+        "1f08c383-ba8b-57a8-81ff-c9e8fdb777a5"
+    )
+    first, replay = (event_id("d-1", "SENDING", 1, "", g) for g in (0, 1))
+    assert first != replay == event_id("d-1", "SENDING", 1, "", 1)
+    assert replay != event_id("d-1", "SENDING", 1, "", 2)
+    assert replay != event_id("d-1", "SENDING", 1, "1")  # not the discriminator "1"
+    assert event_id("d-1", "SENDING", 1, "1") != event_id("d-1", "SENDING", 1, "", 11)
+
+
 def test_digest_window_id_uses_the_instant_not_its_zone() -> None:
     start = datetime(2026, 5, 1, 12, tzinfo=UTC)
     same = start.astimezone(timezone(timedelta(hours=8)))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlencode
@@ -171,11 +172,11 @@ def event(state: str, at: datetime = NOW, **changes: Any) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def receipt(status: str, event_id: str, at: datetime = NOW) -> ReceiptEvent:
+def receipt(
+    status: str, event_id: str, at: datetime = NOW, generation: int | None = None
+) -> ReceiptEvent:
     [ev] = normalize(twilio(status))
-    from dataclasses import replace
-
-    return replace(ev, provider_event_id=event_id, occurred_at=at)
+    return replace(ev, provider_event_id=event_id, occurred_at=at, generation=generation)
 
 
 def emitted(out: list[Any]) -> list[str]:
@@ -293,12 +294,47 @@ def test_msg_join_holds_until_the_send_record() -> None:
     join = MsgJoin()
     ev = receipt("delivered", "e-d")
     assert join.on_receipt(ev, NOW, CFG) == []
-    assert join.on_accepted("d-1", NOW, CFG) == [("d-1", ev)]
-    assert join.on_receipt(ev, NOW, CFG) == [("d-1", ev)]
+    sent = replace(ev, generation=1)  # stamped with the generation of the send it answers
+    assert join.on_accepted("d-1", 1, NOW, CFG) == [("d-1", sent)]
+    assert join.on_receipt(ev, NOW, CFG) == [("d-1", sent)]
     assert not join.expired(NOW) and join.expired(NOW + CFG.state_ttl)
+    del join.generation  # as restored from a snapshot taken before generations existed
+    assert join.snapshot().on_receipt(ev, NOW, CFG) == [("d-1", replace(ev, generation=0))]
     late = MsgJoin()
     late.on_receipt(ev, NOW, CFG)
     assert late.on_timer(NOW + CFG.hold_ttl) == [Unmatched(ev)] and late.expired(NOW)
+
+
+def test_a_replay_generation_supersedes_the_failed_one_and_earlier_sends_are_stale() -> None:
+    fold = DeliveryFold()
+    fold.on_event(event("SENDING"), NOW, CFG)
+    out = fold.on_event(event("FAILED_PERMANENT", reason="retries_exhausted"), NOW, CFG)
+    assert statuses(out) == ["FAILED_PERMANENT"]
+    assert fold.on_receipt(receipt("delivered", "e-1", generation=1), NOW, CFG) == []  # held
+    replay = {"generation": 1, "provider_msg_id": "SM2"}
+    out = fold.on_event(event("SENDING", **replay), NOW, CFG)  # the DLQ replay's first event
+    assert statuses(out) == ["SENDING", "DELIVERED"] and fold.held == []
+    assert {o.generation for o in out if isinstance(o, StatusUpdate)} == {1}
+    [emit] = [o.event for o in out if isinstance(o, Emit)]
+    assert emit["generation"] == 1
+    assert emit["event_id"] == ids.event_id("d-1", "DELIVERED", 1, "", 1)
+    assert emit["event_id"] != ids.event_id("d-1", "DELIVERED", 1)
+    assert fold.on_event(event("RETRY_SCHEDULED"), NOW, CFG) == []  # generation 0, late
+    out = fold.on_receipt(receipt("failed", "e-0", generation=0), NOW, CFG)  # the first send's
+    assert outcomes(out) == ["stale"] and statuses(out) == []
+    assert fold.state is states.State.DELIVERED
+
+
+def test_fold_from_a_snapshot_before_generations_is_generation_0() -> None:
+    import pickle
+
+    fold = DeliveryFold()
+    fold.on_event(event("FAILED_PERMANENT"), NOW, CFG)
+    assert fold.ctx is not None
+    del fold.ctx.generation  # as restored from a snapshot taken before the field existed
+    restored = pickle.loads(pickle.dumps(fold.snapshot()))
+    assert restored.on_event(event("SENDING"), NOW, CFG) == []
+    assert statuses(restored.on_event(event("SENDING", generation=1), NOW, CFG)) == ["SENDING"]
 
 
 def test_state_ttl_is_short_once_nothing_can_change() -> None:
@@ -362,3 +398,26 @@ def test_status_compare_and_set_never_goes_backwards(redis_client: redis.Redis) 
     stored = orjson.loads(redis_client.hget(status_key(nid), "d-1"))  # type: ignore[arg-type]
     assert stored["state"] == "DELIVERED"
     assert 0 < redis_client.ttl(status_key(nid)) <= 30 * 24 * 3600
+
+
+@pytest.mark.integration
+def test_status_of_a_later_generation_supersedes_any_earlier_state(
+    redis_client: redis.Redis,
+) -> None:
+    nid = f"n-{ids.notification_id('t', str(datetime.now(UTC)))}"
+
+    def put(state: str, generation: int) -> bool:
+        update = StatusUpdate(nid, "d-1", state, "sms", "u", NOW, generation=generation)
+        [ok] = write_statuses(redis_client, [update])
+        return ok
+
+    # an entry written before generations existed: generation 0
+    legacy = {"state": "FAILED_PERMANENT", "channel": "sms", "user_id": "u", "updated_at": "x"}
+    redis_client.hset(status_key(nid), "d-1", orjson.dumps(legacy))
+    assert not put("PROVIDER_ACCEPTED", 0)  # FAILED_PERMANENT is final within a generation
+    assert put("SENDING", 1)  # a DLQ replay's first event
+    assert not put("FAILED_PERMANENT", 0)  # a late event of the first generation
+    assert put("PROVIDER_ACCEPTED", 1) and put("DELIVERED", 1)
+    assert not put("SENDING", 1)  # within a generation the rank rules hold
+    stored = orjson.loads(redis_client.hget(status_key(nid), "d-1"))  # type: ignore[arg-type]
+    assert (stored["state"], stored["generation"]) == ("DELIVERED", 1)

@@ -35,7 +35,8 @@ def event(
         "notification_id": f"{tenant}:n", "user_id": "u-1", "tenant_id": tenant,
         "notification_type": "order_shipped", "channel": channel, "traffic_class": "normal",
         "state": state, "reason": None, "provider": None, "provider_msg_id": None, "attempt": 1,
-        "latency_ms": None, "occurred_at": at, "recorded_at": at, "attributes": {}, **changes,
+        "latency_ms": None, "occurred_at": at, "recorded_at": at, "attributes": {}, "generation": 0,
+        **changes,
     }  # fmt: skip
 
 
@@ -138,8 +139,9 @@ def test_reports_answer_the_seed_questions_and_replays_change_nothing(client: Cl
     assert panels(client, tenant, at) == first
 
 
-def test_state_ranks_follow_every_transition_table() -> None:
-    sql = (MIGRATIONS_DIR / "0004_delivery_state.sql").read_text()
+@pytest.mark.parametrize("migration", ["0004_delivery_state.sql", "0009_delivery_generation.sql"])
+def test_state_ranks_follow_every_transition_table(migration: str) -> None:
+    sql = (MIGRATIONS_DIR / migration).read_text()
     names_sql, ranks_sql = re.search(r"\[('ACCEPTED'.*?)\],\s*\[(0,.*?)\]", sql, re.S).groups()  # type: ignore[union-attr]
     names = re.findall(r"'(\w+)'", names_sql)
     rank = dict(zip(names, map(int, ranks_sql.split(",")), strict=True))
@@ -152,6 +154,47 @@ def test_state_ranks_follow_every_transition_table() -> None:
                     assert rank[source] == rank[target]
                 else:
                     assert rank[target] > rank[source], (channel, source, target)
+
+
+def test_a_replay_generation_supersedes_the_failed_state_and_both_histories_stay(
+    client: Client,
+) -> None:
+    tenant = f"t-{uuid.uuid4().hex[:8]}"
+    t0 = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=10)
+
+    def ev(state: str, minute: int, generation: int, **changes: Any) -> dict[str, Any]:
+        event_id = ids.event_id("sms-1", state, 1, "", generation)
+        return event(tenant, "sms-1", state, minute, t0, event_id=event_id,
+                     generation=generation, **changes)  # fmt: skip
+
+    insert(client, [
+        ev("SENDING", 0, 0), ev("FAILED_PERMANENT", 1, 0, reason="retries_exhausted"),
+        # the replay: a SENDING of generation 1 outranks FAILED_PERMANENT of generation 0 ...
+        ev("SENDING", 5, 1),
+    ])  # fmt: skip
+
+    def current() -> tuple[str, str | None]:
+        [(state, reason)] = client.query(
+            "SELECT state, reason FROM delivery_current WHERE tenant_id = {t:String}",
+            parameters={"t": tenant},
+        ).result_rows
+        return state, reason
+
+    assert current() == ("SENDING", None)
+    # ... within generation 1 the ranks hold, whatever the arrival order
+    insert(client, [ev("DELIVERED", 7, 1), ev("PROVIDER_ACCEPTED", 6, 1)])
+    assert current() == ("DELIVERED", None)
+    insert(client, [ev("EXPIRED", 8, 0, reason="expired")])  # late, of generation 0
+    assert current() == ("DELIVERED", None)
+    history = client.query(
+        "SELECT generation, state FROM delivery_events FINAL WHERE tenant_id = {t:String}"
+        " ORDER BY generation, occurred_at",
+        parameters={"t": tenant},
+    ).result_rows
+    assert [tuple(r) for r in history] == [
+        (0, "SENDING"), (0, "FAILED_PERMANENT"), (0, "EXPIRED"),
+        (1, "SENDING"), (1, "PROVIDER_ACCEPTED"), (1, "DELIVERED"),
+    ]  # fmt: skip
 
 
 def test_channel_capabilities_match_herald_states(client: Client) -> None:

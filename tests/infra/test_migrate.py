@@ -40,6 +40,7 @@ DELIVERY_EVENT_COLUMNS = {
     "occurred_at": "DateTime64(3, 'UTC')",
     "recorded_at": "DateTime64(3, 'UTC')",
     "attributes": "Map(String, String)",
+    "generation": "UInt16",
 }
 
 

@@ -116,6 +116,7 @@ def _delivery() -> dict[str, Any]:
                 "rendered": {"title": "Code", "body": "Your code", "subject": None, "data": {}},
             }
         ],
+        "generation": 1,
     }
 
 
@@ -156,6 +157,7 @@ def _delivery_event() -> dict[str, Any]:
         "occurred_at": NOW,
         "recorded_at": NOW,
         "attributes": {"http_status": "200"},
+        "generation": 1,
     }
 
 

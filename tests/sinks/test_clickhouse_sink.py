@@ -58,7 +58,7 @@ def events(count: int, *, start: int = 0) -> list[dict[str, Any]]:
             "provider": None if i % 5 == 0 else "sms_a", "provider_msg_id": None,
             "attempt": i % 4, "latency_ms": None if i % 7 == 0 else i,
             "occurred_at": now + timedelta(milliseconds=i), "recorded_at": now,
-            "attributes": {"http_status": "200"} if i % 2 else {},
+            "attributes": {"http_status": "200"} if i % 2 else {}, "generation": i % 2,
         }
         for i in range(start, start + count)
     ]  # fmt: skip

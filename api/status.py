@@ -53,6 +53,9 @@ class DeliveryStatus(BaseModel):
     state: str
     status_reason: str | None = None
     updated_at: datetime | None = None
+    # How many times `herald replay` re-sent this delivery from the dead-letter topic (0: never);
+    # the state is the latest generation's (herald.status_keys).
+    generation: int = 0
     layers: Layers
 
 
@@ -97,7 +100,8 @@ def _delivery(delivery_id: str, raw: bytes | str) -> DeliveryStatus:
     return DeliveryStatus(
         delivery_id=delivery_id, user_id=str(data.get("user_id", "")), channel=channel,
         provider=data.get("provider"), state=state, status_reason=data.get("reason"),
-        updated_at=data.get("updated_at"), layers=layers_for(state, channel),
+        updated_at=data.get("updated_at"), generation=int(data.get("generation") or 0),
+        layers=layers_for(state, channel),
     )  # fmt: skip
 
 

@@ -84,7 +84,7 @@ def test_status_shows_accepted_then_layers(api: RunningApi) -> None:
         now = datetime.now(UTC)
         put_delivery_status(client, nid, "d-push", status_entry(
             state="PROVIDER_ACCEPTED", channel="push", user_id="u-1", updated_at=now,
-            provider="apns"))  # fmt: skip
+            provider="apns", generation=1))  # fmt: skip
         put_delivery_status(client, nid, "d-email", status_entry(
             state="SUPPRESSED", channel="email", user_id="u-2", updated_at=now,
             reason="opt_out_category"))  # fmt: skip
@@ -93,6 +93,7 @@ def test_status_shows_accepted_then_layers(api: RunningApi) -> None:
     assert by_id["d-push"]["layers"] == {
         "accepted": "yes", "provider_accepted": "yes", "delivered": "unknown", "read": "pending"
     }  # fmt: skip
+    assert (by_id["d-push"]["generation"], by_id["d-email"]["generation"]) == (1, 0)
     assert by_id["d-email"]["status_reason"] == "opt_out_category"
     assert by_id["d-email"]["layers"]["delivered"] == "no"
     assert status["summary"] == {"PROVIDER_ACCEPTED": 1, "SUPPRESSED": 1}

@@ -74,11 +74,8 @@ class RequestSource(FixedPartitionedSource[Item, State]):
         batch_size: int = 1000,
         fanout_batches_per_second: float = 0.0,
         bounded: bool = False,
-        consumer_config: dict[str, str | int | bool] | None = None,
     ) -> None:
-        self.inner = KafkaSource(
-            kafka, [topic], batch_size=500, stop_at_end=bounded, consumer_config=consumer_config
-        )
+        self.inner = KafkaSource(kafka, [topic], batch_size=500, stop_at_end=bounded)
         self.deserializer = deserializer
         self.admit = admit
         self.audience = audience

@@ -33,7 +33,6 @@ from collections.abc import Mapping
 from bytewax import operators as op
 from bytewax.dataflow import Dataflow
 
-from dataflows._common import class_consumer_config
 from dataflows._runtime import configure_process
 from herald.catalog import CHANNELS, TRAFFIC_CLASSES
 from herald.config import HeraldSettings
@@ -101,7 +100,7 @@ def build_flow(
     deliveries = kafka_avro_input(
         "deliveries_in", flow, settings=settings, topics=topics, registry=registry,
         reader_schema="delivery", job=JOB, stop_at_end=bounded, batch_size=dispatch.batch_size,
-        timestamps="millis", consumer_config=class_consumer_config(traffic_class),
+        timestamps="millis",
     )  # fmt: skip
     # oks: Decoded(KafkaMessage, delivery dict, timestamps as epoch ms); errs: dead_letter dict
     sink = DispatchSink(settings, dispatch, factories=factories, hook=hook)

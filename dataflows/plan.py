@@ -46,7 +46,7 @@ from bytewax.operators import BranchOut
 
 from dataflows._audience import ClickHouseAudience
 from dataflows._changelog import ChangelogSource
-from dataflows._common import class_consumer_config, produce_with_dead_letters
+from dataflows._common import produce_with_dead_letters
 from dataflows._encode import Encoder
 from dataflows._metrics import CountOutputs
 from dataflows._planner import Admission, Planner
@@ -110,7 +110,6 @@ def _tasks(flow: Dataflow, p: _Parts, traffic_class: str, bounded: bool) -> Bran
         audience=partial(ClickHouseAudience, p.settings.clickhouse),
         batch_size=p.planning.audience_batch_size,
         fanout_batches_per_second=p.planning.fanout_batches_per_second, bounded=bounded,
-        consumer_config=class_consumer_config(traffic_class),
     )  # fmt: skip
     requests = op.input("requests_in", flow, source)
     # AudienceBatch | dead_letter dict

@@ -34,7 +34,7 @@ from typing import Any, cast
 import bytewax.operators as op
 from bytewax.dataflow import Dataflow, Stream
 
-from dataflows._common import class_consumer_config, produce_with_dead_letters
+from dataflows._common import produce_with_dead_letters
 from dataflows._encode import Encoder
 from dataflows._metrics import CountOutputs
 from dataflows._runtime import configure_process
@@ -107,7 +107,6 @@ def build_flow(
     held = kafka_avro_input(
         "retry_in", flow, settings=settings, topics=[retry_topic(traffic_class)],
         registry=registry, reader_schema="delivery", job=JOB, stop_at_end=bounded,
-        consumer_config=class_consumer_config(traffic_class),
     )  # fmt: skip
     # oks: Decoded(KafkaMessage, delivery dict); errs: dead_letter dict
     parsed = op.map("to_entries", held.oks, RetryParser(clock, bucket_seconds, shards))

@@ -81,7 +81,7 @@ class RetryParser:
         entry = ScheduledEntry(
             due, did, deliveries_topic(d["channel"], d["traffic_class"]), msg.value or b"",
             d["expire_at"], d["notification_id"], d["user_id"], d["tenant_id"],
-            d["notification_type"], d["channel"], d["traffic_class"],
+            d["notification_type"], d["channel"], d["traffic_class"], int(d.get("generation") or 0),
         )  # fmt: skip
         return bucket_key(due, did, self.bucket_seconds, self.shards), entry
 

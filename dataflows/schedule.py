@@ -84,7 +84,7 @@ class EntryParser:
         entry = ScheduledEntry(
             release, did, deliveries_topic(d["channel"], d["traffic_class"]), msg.value or b"",
             d["expire_at"], d["notification_id"], d["user_id"], d["tenant_id"],
-            d["notification_type"], d["channel"], d["traffic_class"],
+            d["notification_type"], d["channel"], d["traffic_class"], int(d.get("generation") or 0),
         )  # fmt: skip
         return bucket_key(release, did, self.bucket_seconds, self.shards), entry
 
@@ -124,9 +124,12 @@ class BucketLogic(op.StatefulBatchLogic[ScheduledEntry, ScheduledEntry, bytes]):
 
 
 def expired_event(entry: ScheduledEntry, now: datetime) -> dict[str, Any]:
-    """The EXPIRED delivery_event of an entry that reached its expiry while held."""
+    """The EXPIRED delivery_event of an entry that reached its expiry while held, of the
+    delivery's generation (an entry restored from a snapshot taken before generations existed
+    has none: 0)."""
+    generation = getattr(entry, "generation", 0)
     return {
-        "event_id": ids.event_id(entry.delivery_id, State.EXPIRED.value, 0),
+        "event_id": ids.event_id(entry.delivery_id, State.EXPIRED.value, 0, "", generation),
         "delivery_id": entry.delivery_id,
         "notification_id": entry.notification_id,
         "user_id": entry.user_id,
@@ -143,6 +146,7 @@ def expired_event(entry: ScheduledEntry, now: datetime) -> dict[str, Any]:
         "occurred_at": now,
         "recorded_at": now,
         "attributes": {"held_until": entry.release.isoformat()},
+        "generation": generation,
     }
 
 

@@ -6,14 +6,17 @@ import signal
 import sqlite3
 import time
 from collections import Counter
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from bytewax.recovery import init_db_dir
 
+from dataflows.schedule import expired_event
+from herald import ids
 from herald.config import HeraldSettings
+from herald.scheduling import ScheduledEntry
 from infra.process import free_port
 from tests.dataflows.helpers import produce
 from tests.dataflows.jobs import (
@@ -127,3 +130,16 @@ def test_two_processes_release_each_delivery_once(
     for output in outputs:
         assert_no_job_errors(output)
     assert sorted(d["delivery_id"] for d in got) == sorted(d["delivery_id"] for d in deliveries)
+
+
+def test_an_entry_expired_while_held_keeps_the_generation_of_its_delivery() -> None:
+    """A DLQ replay (generation 1) that expires in the retry or schedule job: its EXPIRED event
+    is of generation 1 (else the receipts fold and ClickHouse would rank it below the replay's
+    own states and the delivery would never show EXPIRED)."""
+    now = datetime.now(UTC)
+    entry = ScheduledEntry(now, "d-1", "herald.deliveries.sms.transactional", b"", now,
+                           "n-1", "u-1", "t-1", "otp", "sms", "transactional", 1)  # fmt: skip
+    event = expired_event(entry, now)
+    assert event["generation"] == 1
+    assert event["event_id"] == ids.event_id("d-1", "EXPIRED", 0, "", 1)
+    assert event["event_id"] != ids.event_id("d-1", "EXPIRED", 0)

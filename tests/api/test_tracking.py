@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
+import redis
+
 from api.tracking import click_url, open_pixel_url
+from herald import ids
+from herald.status_keys import status_entry, status_key
 from tests.api.conftest import RunningApi
 
 DELIVERY = {"delivery_id": "d-1", "notification_id": "n-1", "user_id": "u-1",
@@ -25,6 +31,26 @@ def test_open_pixel_emits_opened(api: RunningApi) -> None:
     assert {e["state"] for _, e in events} == {"OPENED"}
     assert events[0][1]["event_id"] == events[1][1]["event_id"]  # repeated opens collapse
     assert events[0][0] == "d-1" and events[0][1]["channel"] == "email"
+    assert events[0][1]["generation"] == 0  # no hot status: generation 0, the plain event id
+    assert events[0][1]["event_id"] == ids.event_id("d-1", "OPENED", 0)
+
+
+def test_opens_and_clicks_belong_to_the_latest_generation(api: RunningApi) -> None:
+    """After a DLQ replay (generation 1 in the hot status) the mail read is the replay's."""
+    delivery = {**DELIVERY, "delivery_id": "d-gen", "notification_id": "n-tracking-gen"}
+    now = datetime.now(UTC)
+    entry = status_entry(state="DELIVERED", channel="email", user_id="u-1", updated_at=now,
+                         provider="sendgrid", generation=1)  # fmt: skip
+    client = redis.Redis.from_url(api.settings.redis.url)
+    client.hset(status_key("n-tracking-gen"), "d-gen", entry)
+    target = "https://shop.example/a"
+    with api.client(key=None, follow_redirects=False) as http:
+        assert http.get(open_pixel_url("", secret(api), delivery)).status_code == 200
+        assert http.get(click_url("", secret(api), delivery, target)).status_code == 302
+    events = {e["state"]: e for _, e in api.read_topic("herald.delivery-events", 2)}
+    assert {s: e["generation"] for s, e in events.items()} == {"OPENED": 1, "CLICKED": 1}
+    assert events["OPENED"]["event_id"] == ids.event_id("d-gen", "OPENED", 0, "", 1)
+    assert events["OPENED"]["event_id"] != ids.event_id("d-gen", "OPENED", 0)
 
 
 def test_click_redirects_to_the_signed_url_only(api: RunningApi) -> None:

@@ -225,11 +225,11 @@ class NotificationType:
     cap: CapConfig | None
     providers: Mapping[str, str]
     allowed_channels: tuple[str, ...] = ()  # primaries, then channels reachable by fallback
+    # Default TTL of a request without `expire_at` (expiry_seconds; made once, read per user).
+    expiry: timedelta = field(init=False, repr=False, compare=False)
 
-    @property
-    def expiry(self) -> timedelta:
-        """Default TTL of a request without `expire_at`."""
-        return timedelta(seconds=self.expiry_seconds)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "expiry", timedelta(seconds=self.expiry_seconds))
 
     @property
     def transactional(self) -> bool:

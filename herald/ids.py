@@ -48,13 +48,20 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MS = timedelta(milliseconds=1)
 
 
+# The RFC 4122 variant bits (10xx) of the hex digit that starts the fourth group.
+_VARIANT = {c: "89ab"[int(c, 16) & 3] for c in "0123456789abcdef"}
+
+
+def _format(digest: bytes) -> str:
+    """The RFC 4122 version-5 UUID text of a SHA-1 digest: the first 16 bytes, version nibble 5,
+    variant 10xx (as `str(uuid.UUID(bytes=digest[:16], version=5))`, in text operations)."""
+    h = digest.hex()
+    return f"{h[:8]}-{h[8:12]}-5{h[13:16]}-{_VARIANT[h[16]]}{h[17:20]}-{h[20:32]}"
+
+
 def _uuid5(namespace: bytes, name: str) -> str:
     """`str(uuid.uuid5(ns, name))` without building a UUID object (hot path of the plan job)."""
-    digest = bytearray(sha1(namespace + name.encode("utf-8")).digest()[:16])
-    digest[6] = (digest[6] & 0x0F) | 0x50
-    digest[8] = (digest[8] & 0x3F) | 0x80
-    h = digest.hex()
-    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+    return _format(sha1(namespace + name.encode("utf-8")).digest())
 
 
 def _name(*parts: str) -> str:

@@ -20,15 +20,7 @@ __all__ = ["PlanIds"]
 
 _NS_DELIVERY: bytes = ids._NS_DELIVERY  # noqa: SLF001 - the same namespaces, by construction
 _NS_EVENT: bytes = ids._NS_EVENT  # noqa: SLF001
-
-
-def _format(digest: bytes) -> str:
-    """RFC 4122 version-5 UUID text of a SHA-1 digest (as `herald.ids._uuid5`)."""
-    b = bytearray(digest[:16])
-    b[6] = (b[6] & 0x0F) | 0x50
-    b[8] = (b[8] & 0x3F) | 0x80
-    h = b.hex()
-    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+_format = ids._format  # noqa: SLF001 - the same UUID text
 
 
 class PlanIds:

@@ -23,7 +23,7 @@ from typing import Any
 from dataflows._splice import SpliceEncoder
 from herald.config import HeraldSettings
 from herald.errors import SerdeError
-from herald.plan_records import Output
+from herald.plan_records import Output, Shape
 from infra.topics import load_topics, physical_subject
 from schemas import schema_text
 from schemas.registry import SchemaRegistry
@@ -44,30 +44,36 @@ _MAX_SHAPES = 4096
 
 
 class _Splicer:
-    """Shape -> encoded shared fields, for one schema; None marks a shape that fell back."""
+    """Shape -> encoded shared fields, for one schema; None marks a shape that fell back. The
+    first segment starts with the wire header, so a record is one join."""
 
     def __init__(self, schema: str, header: bytes) -> None:
         self.encoder = SpliceEncoder(json.loads(schema_text(schema)), SPLICED[schema])
         self.header = header
-        self.shapes: dict[tuple[Any, ...], tuple[bytes, ...] | None] = {}
+        self.shapes: dict[Shape, tuple[bytes, ...] | None] = {}
 
     def encode(self, item: Output, fallback: Callable[[Any], bytes]) -> bytes:
         """Framed bytes of `item` (the serializer's for a new shape, which also checks it)."""
         assert item.shape is not None
         segments = self.shapes.get(item.shape, _NEW)
         if segments is _NEW:
-            data = fallback(item.value)
-            segments = self.encoder.segments(item.value)
-            if self.header + self.encoder.encode(segments, item.value) != data:
-                log.error("encode.splice_mismatch schema=%s", self.encoder.varying)
-                segments = None
-            if len(self.shapes) >= _MAX_SHAPES:
-                self.shapes.clear()
-            self.shapes[item.shape] = segments
-            return data
+            return self._first(item, fallback)
         if segments is None:
             return fallback(item.value)
-        return self.header + self.encoder.encode(segments, item.value)
+        return self.encoder.encode(segments, item.value)
+
+    def _first(self, item: Output, fallback: Callable[[Any], bytes]) -> bytes:
+        assert item.shape is not None
+        data = fallback(item.value)
+        body = self.encoder.segments(item.value)
+        segments = (self.header + body[0], *body[1:])
+        matches = self.encoder.encode(segments, item.value) == data
+        if not matches:
+            log.error("encode.splice_mismatch schema=%s", self.encoder.varying)
+        if len(self.shapes) >= _MAX_SHAPES:
+            self.shapes.clear()
+        self.shapes[item.shape] = segments if matches else None
+        return data
 
 
 _NEW: Any = object()
@@ -100,11 +106,12 @@ class Encoder:
     def __call__(self, batch: list[Any]) -> list[KafkaRecord | DeadLetter]:
         """Encode every Output; pass dead letters through."""
         out: list[KafkaRecord | DeadLetter] = []
+        found = self._serializers
         for item in batch:
-            if not isinstance(item, Output):
+            if type(item) is not Output:
                 out.append(item)
                 continue
-            topic, serialize, splicer = self._serializer(item.topic)
+            topic, serialize, splicer = found.get(item.topic) or self._serializer(item.topic)
             try:
                 if item.shape is not None and splicer is not None:
                     data = splicer.encode(item, serialize)

@@ -29,9 +29,10 @@ left out (dispatch then skips it as `not_rendered`).
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import date, datetime
+from functools import partial
 from math import ceil
 from typing import Any, NamedTuple
 
@@ -50,8 +51,10 @@ __all__ = [
     "EVENTS_TOPIC",
     "SCHEDULED_TOPIC",
     "Output",
+    "Prototypes",
     "Rejected",
     "Renderer",
+    "Shape",
     "CapDays",
     "cap_charge",
     "deliveries_topic",
@@ -81,7 +84,46 @@ class Output(NamedTuple):
     topic: str
     key: str
     value: dict[str, Any]
-    shape: tuple[Any, ...] | None = None
+    shape: Shape | None = None
+
+
+class Shape:
+    """`Output.shape` of the records made from one prototype (`Prototypes`). Equal only to
+    itself, so the encoder finds a shape's encoded fields without hashing its content again."""
+
+    __slots__ = ()
+
+
+class Prototypes:
+    """The records of one request planned at one instant, one prototype per shape.
+
+    Records without per-user params differ only in their ids within a shape, so the first record
+    of a shape is built in full and kept; the others are copies of it with their ids set. The
+    keys are what makes a shape beyond the request and the instant; a `Renderer` keeps the
+    prototypes of the request it rendered last (`Renderer.prototypes`).
+    """
+
+    __slots__ = ("request", "now", "records", "fallbacks")
+
+    def __init__(self, request: PlanRequest, now: datetime) -> None:
+        self.request, self.now = request, now
+        self.records: dict[tuple[Any, ...], tuple[dict[str, Any], Shape]] = {}
+        # (channel, fallback steps, requested locale) -> (FallbackContent records, their key)
+        self.fallbacks: dict[tuple[Any, ...], tuple[list[dict[str, Any]], tuple[Any, ...]]] = {}
+
+    def record(
+        self, key: tuple[Any, ...], ids: dict[str, str], build: Callable[[], dict[str, Any]]
+    ) -> tuple[dict[str, Any], Shape]:
+        """The record of shape `key` with `ids` set (`build()` makes a shape's first record)."""
+        found = self.records.get(key)
+        if found is None:
+            record = build()
+            self.records[key] = (record, Shape())
+            return record, self.records[key][1]
+        proto, shape = found
+        record = proto.copy()
+        record.update(ids)
+        return record, shape
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,6 +220,19 @@ class Renderer:
         self._bound: OrderedDict[tuple[str, str, str], tuple[BoundTemplate, Rendered | None]] = (
             OrderedDict()
         )
+        self._now: datetime | None = None
+        self._prototypes: dict[str, Prototypes] = {}
+
+    def prototypes(self, request: PlanRequest, now: datetime) -> Prototypes:
+        """The prototypes of `request` planned at `now`, kept for the requests planned at the
+        same instant (the plan job's batch: the shards of a request come in several items)."""
+        if now != self._now:
+            self._now = now
+            self._prototypes.clear()
+        found = self._prototypes.get(request.notification_id)
+        if found is None or found.request is not request:
+            found = self._prototypes[request.notification_id] = Prototypes(request, now)
+        return found
 
     def render(
         self, request: PlanRequest, channel: str, locale: str, user_params: Mapping[str, str] | None
@@ -243,11 +298,26 @@ def event_record(
     }
 
 
-def _event_output(request: PlanRequest, event: dict[str, Any]) -> Output:
-    attributes = tuple(sorted(event["attributes"].items()))
-    shape = (request.notification_id, event["channel"], event["state"], event["reason"],
-             attributes, event["occurred_at"])  # fmt: skip
-    return Output(EVENTS_TOPIC, event["delivery_id"], event, shape)
+def _event(
+    protos: Prototypes,
+    user_id: str,
+    channel: str,
+    delivery_id: str,
+    event_id: str,
+    state: State,
+    reason: str | None,
+    attributes: Mapping[str, str] | None,
+    held_until: datetime | None = None,
+    fallback_from: str | None = None,
+) -> Output:
+    """A planning event; its shape is the request, the instant and the rest of the key."""
+    key = ("event", channel, state, reason, held_until, fallback_from)
+    ids_ = {"event_id": event_id, "delivery_id": delivery_id, "user_id": user_id}
+    event, shape = protos.record(key, ids_, lambda: event_record(
+        protos.request, user_id, channel, delivery_id, state, reason, protos.now, attributes,
+        event_id,
+    ))  # fmt: skip
+    return Output(EVENTS_TOPIC, delivery_id, event, shape)
 
 
 def _delivery_id(
@@ -295,29 +365,24 @@ def _delivery(
     }
 
 
-def _delivery_shape(request: PlanRequest, delivery: dict[str, Any]) -> tuple[Any, ...]:
-    """Everything but delivery_id, user_id and address, for a delivery rendered without
-    per-user params (its content is then the request's for this channel and locale)."""
-    d = delivery
-    return (request.notification_id, d["channel"], d["locale"], d["template_version"],
-            d["provider"], d["platform"], d["not_before"], d["expire_at"], tuple(d["fallback"]),
-            d["created_at"],
-            tuple((c["channel"], c["locale"]) for c in d["fallback_content"]))  # fmt: skip
-
-
 def _emitted(
     made: PlanIds,
-    request: PlanRequest,
+    protos: Prototypes,
     view: UserView,
     decision: Send | Hold,
     rendered: Rendered,
-    now: datetime,
     personal: bool,
-    fallback_content: list[dict[str, Any]],
+    fallback: tuple[list[dict[str, Any]], tuple[Any, ...]],
 ) -> list[Output]:
+    """A Delivery and its event per address. Without per-user content (`personal` False) the
+    Delivery's shape is the request, the instant, the topic and everything here but the ids:
+    content locale and version, provider, platform, timing, fallback steps and their content."""
+    request, now = protos.request, protos.now
     send = decision if isinstance(decision, Send) else decision.planned
+    held_until = None
     if isinstance(decision, Hold):
         topic, state, reason = SCHEDULED_TOPIC, State.SCHEDULED, decision.reason
+        held_until = decision.until
         attributes = {"not_before": decision.until.isoformat()}
     else:
         topic, state, reason = (
@@ -328,19 +393,24 @@ def _emitted(
         attributes = {}
     if send.fallback_from:
         attributes["fallback_from"] = send.fallback_from
+    content, content_key = fallback
+    user_id = view.user_id
     out: list[Output] = []
     for address in send.addresses:
-        did = _delivery_id(made, request, view.user_id, send.channel, address)
-        delivery = _delivery(
-            request, view.user_id, send, address, did, rendered, now, fallback_content
-        )
-        shape = None if personal else _delivery_shape(request, delivery)
-        out.append(Output(topic, did, delivery, shape))
-        event = event_record(
-            request, view.user_id, send.channel, did, state, reason, now, attributes,
-            made.event(did, state.value),
-        )  # fmt: skip
-        out.append(_event_output(request, event))
+        did = _delivery_id(made, request, user_id, send.channel, address)
+        build = partial(_delivery, request, user_id, send, address, did, rendered, now, content)
+        if personal:
+            out.append(Output(topic, did, build(), None))
+        else:
+            key = (topic, send.channel, rendered.locale, rendered.version,
+                   address.provider or send.provider, address.platform, send.not_before,
+                   send.expire_at, send.fallback, content_key)  # fmt: skip
+            ids_ = {"delivery_id": did, "user_id": user_id, "address": address.value}
+            delivery, shape = protos.record(key, ids_, build)
+            out.append(Output(topic, did, delivery, shape))
+        event_id = made.event(did, state.value)
+        out.append(_event(protos, user_id, send.channel, did, event_id, state, reason,
+                          attributes, held_until, send.fallback_from))  # fmt: skip
     return out
 
 
@@ -355,16 +425,15 @@ def user_records(
     out: list[Output] = []
     rejected: list[Rejected] = []
     made = renderer.ids
+    protos = renderer.prototypes(request, now)
     personal = view.params is not None and not request.params.keys() >= view.params.keys()
     for decision in decisions:
         if isinstance(decision, Suppress):
             did = made.delivery(request.notification_id, view.user_id, decision.channel)
             state = decision.state
-            event = event_record(
-                request, view.user_id, decision.channel, did, state, decision.reason, now,
-                None, made.event(did, state.value),
-            )  # fmt: skip
-            out.append(_event_output(request, event))
+            event_id = made.event(did, state.value)
+            out.append(_event(protos, view.user_id, decision.channel, did, event_id, state,
+                              decision.reason, None))  # fmt: skip
             continue
         send = decision if isinstance(decision, Send) else decision.planned
         try:
@@ -373,22 +442,42 @@ def user_records(
             did = ids.delivery_id(request.notification_id, view.user_id, send.channel)
             rejected.append(Rejected(view.user_id, did, exc.code, exc.detail))
             continue
-        content = _fallback_content(renderer, request, view, send)
-        out.extend(_emitted(made, request, view, decision, rendered, now, personal, content))
+        fallback = _fallback_content(renderer, protos, view, send, personal)
+        out.extend(_emitted(made, protos, view, decision, rendered, personal, fallback))
     return out, rejected
 
 
+_NO_FALLBACK: tuple[list[dict[str, Any]], tuple[Any, ...]] = ([], ())
+
+
 def _fallback_content(
-    renderer: Renderer, request: PlanRequest, view: UserView, send: Send
-) -> list[dict[str, Any]]:
-    """The `FallbackContent` records of the other channels `send.fallback` names."""
+    renderer: Renderer, protos: Prototypes, view: UserView, send: Send, personal: bool
+) -> tuple[list[dict[str, Any]], tuple[Any, ...]]:
+    """The `FallbackContent` records of the other channels `send.fallback` names, and their
+    (channel, locale, version) as a key; made once per request for users without their own
+    params."""
+    if not send.fallback:
+        return _NO_FALLBACK
+    request = protos.request
+    requested = request.policy.locale or view.prefs.locale
+    key = (send.channel, send.fallback, requested)
+    found = None if personal else protos.fallbacks.get(key)
+    if found is None:
+        found = _render_fallbacks(renderer, request, view, send, requested)
+        if not personal:
+            protos.fallbacks[key] = found
+    return found
+
+
+def _render_fallbacks(
+    renderer: Renderer, request: PlanRequest, view: UserView, send: Send, requested: str | None
+) -> tuple[list[dict[str, Any]], tuple[Any, ...]]:
     steps = dict.fromkeys(step.partition(":")[0] for step in send.fallback)
     channels = [c for c in steps if c != send.channel]
     if not channels:
-        return []
+        return _NO_FALLBACK
     catalog = renderer.catalog
     nt = catalog.get(request.notification_type)
-    requested = request.policy.locale or view.prefs.locale
     out: list[dict[str, Any]] = []
     for channel in channels:
         try:
@@ -398,4 +487,4 @@ def _fallback_content(
             continue
         out.append({"channel": channel, "locale": r.locale, "template_version": r.version,
                     "rendered": r.as_record()})  # fmt: skip
-    return out
+    return out, tuple((c["channel"], c["locale"], c["template_version"]) for c in out)

@@ -24,9 +24,11 @@ import os
 
 from herald.metrics import MetricsSettings, serve_metrics
 
-__all__ = ["GC_THRESHOLDS", "configure_process", "tune_gc"]
+__all__ = ["GC_THRESHOLDS", "configure_process", "keep_long_lived", "tune_gc"]
 
 GC_THRESHOLDS = (50_000, 20, 100)
+FREEZE_EVERY = 200_000
+_unfrozen = 0
 
 
 def configure_process() -> int | None:
@@ -43,3 +45,14 @@ def configure_process() -> int | None:
 def tune_gc() -> None:
     """Collect less often (see the module docstring)."""
     gc.set_threshold(*GC_THRESHOLDS)
+
+
+def keep_long_lived(added: int = 0) -> None:
+    """Tell the collector that what the process holds now is long-lived (`gc.freeze`), at the
+    latest every `FREEZE_EVERY` objects kept (`added` counts them; 0 = freeze now)."""
+    global _unfrozen
+    _unfrozen += added
+    if added and _unfrozen < FREEZE_EVERY:
+        return
+    _unfrozen = 0
+    gc.freeze()

@@ -25,6 +25,7 @@ from typing import Any
 
 import bytewax.operators as op
 
+from dataflows._runtime import keep_long_lived
 from herald.catalog import InvalidLocale
 from herald.errors import SerdeError
 from herald.planning import CaughtUp, Planned, TableUpdate, UserTable, UserTasks, shard_of
@@ -111,6 +112,7 @@ class UserShardLogic(op.StatefulBatchLogic[ShardItem, Planned, Pending]):
                     self.pending.append(item)
             elif isinstance(item, TableUpdate):
                 self.table.apply(item)
+                keep_long_lived(1)
             else:
                 out.extend(self._caught_up(item))
         return out, op.StatefulBatchLogic.RETAIN
@@ -120,6 +122,7 @@ class UserShardLogic(op.StatefulBatchLogic[ShardItem, Planned, Pending]):
         if self.ready or not self.parts <= self.caught_up:
             return []
         self.ready = True
+        keep_long_lived()
         released = [self.table.join(t) for t in self.pending]
         if released:
             log.info("plan.shard_ready waiting_tasks=%d", len(released))

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import gc
 import pickle
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from unittest.mock import patch
 
+from dataflows import _runtime as runtime
 from dataflows._settings import Clock
 from dataflows._users import ChangelogDecoder, UserShardLogic, to_shards
+from dataflows.plan import CHUNK_USERS, _chunks
 from dataflows.schedule import BucketLogic
 from herald.catalog import load_catalog
-from herald.planning import CaughtUp, TableUpdate, UserTasks, admit_request
-from herald.policy import Preferences
+from herald.planning import CaughtUp, Planned, TableUpdate, UserTasks, UserView, admit_request
+from herald.policy import ContactPoints, Preferences
 from herald.scheduling import ScheduledEntry
 from sources.kafka import KafkaMessage
 
@@ -58,6 +63,43 @@ def test_user_shard_waits_for_every_changelog_partition() -> None:
     assert [v.user_id for p in restored.on_batch([CaughtUp("0-prefs")])[0] for v in p.users] == [
         "u3"
     ]
+
+
+def test_a_long_table_load_and_readiness_freeze_the_table_out_of_the_collector() -> None:
+    gc.unfreeze()
+    logic = UserShardLogic(frozenset({"0-prefs"}), None)
+    before = gc.get_freeze_count()
+    logic.on_batch([TableUpdate("preferences", f"u{i}", Preferences(f"u{i}")) for i in range(10)])
+    assert gc.get_freeze_count() == before  # not yet FREEZE_EVERY updates
+    try:
+        with patch.object(runtime, "FREEZE_EVERY", 20):
+            logic.on_batch(
+                [TableUpdate("preferences", f"v{i}", Preferences(f"v{i}")) for i in range(10)]
+            )
+            assert gc.get_freeze_count() > before  # the 20th update froze what the table holds
+            gc.unfreeze()
+            logic.on_batch([CaughtUp("0-prefs")])
+            assert gc.get_freeze_count() > 0  # ready: the loaded table is long-lived
+    finally:
+        gc.unfreeze()
+
+
+def test_plan_chunks_take_the_batch_request_by_request() -> None:
+    def planned(nid: str, shard: int, users: int) -> tuple[str, Planned]:
+        t = tasks(*(f"{nid}-{shard}-{i}" for i in range(users)))
+        request = replace(t.request, notification_id=nid)
+        views = tuple(UserView(u, None, Preferences(u), ContactPoints(u)) for u, _p in t.users)
+        return str(shard), Planned(request, 0, views)
+
+    # shard order, as the user shards emit them: every request's users spread over the shards
+    batch = [planned(nid, shard, 600) for shard in range(5) for nid in ("a", "b", "c")]
+    chunks = list(_chunks(batch))
+    assert [item for chunk in chunks for item in chunk] == sorted(
+        batch, key=lambda item: item[1].request.notification_id
+    )  # every item once, request by request, each request's items in their order
+    sizes = [sum(len(p.users) for _s, p in chunk) for chunk in chunks]
+    assert sizes == [CHUNK_USERS + 400] * 3 + [1800]
+    assert list(_chunks([])) == []
 
 
 def test_changelog_records_route_to_shards_and_bad_ones_are_dead_letters() -> None:

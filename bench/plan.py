@@ -13,7 +13,11 @@ The job runs in this process (one Bytewax worker, bounded) with recovery snapsho
 - deliveries/s: Delivery records / (time of the run with the campaign - time of the same run
   without it): the planning rate, without startup and the user-table load (measured first);
 - output records/s: Deliveries + delivery events over the same time;
-- baseline: the same output records consumed and produced to a scratch topic, raw.
+- baseline: the same output records consumed and produced to a scratch topic, raw;
+- no-op planner: the same job and campaign with the planning step replaced by one that emits
+  a copy of a real Delivery and event per user and channel without deciding anything (no
+  policy, caps, rendering, ids or encoding): what the rest of the job (request reading,
+  fan-out, user table, Bytewax, produce) allows per process, whatever the planner costs.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from typing import Any
 
 from bytewax.recovery import RecoveryConfig, init_db_dir
 from bytewax.testing import run_main
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from bench._harness import (
     drop_topics,
@@ -39,12 +44,12 @@ from bench._harness import (
     scenario_settings,
     topic_timestamps,
 )
+from dataflows import plan as plan_job
 from dataflows._runtime import tune_gc
 from dataflows._settings import PlanningSettings
-from dataflows.plan import build_flow
 from herald.config import HeraldSettings
 from schemas.registry import make_registry
-from sinks.kafka import topic_serializer
+from sinks.kafka import KafkaRecord, topic_serializer
 
 OUTPUTS = ["herald.deliveries.push.bulk", "herald.deliveries.email.bulk", "herald.scheduled"]
 EVENTS = "herald.delivery-events"
@@ -94,6 +99,66 @@ def campaign(settings: HeraldSettings, users: int) -> Iterator[tuple[bytes, byte
         yield nid.encode(), encode(record)
 
 
+class _NoopPlanner:
+    """Stands in for `dataflows._planner.Planner`: per user, the records the campaign gives it
+    (2 SUPPRESSED events when opted out of marketing, else 2 Deliveries and 2 PLANNED events),
+    as copies of real records read back from the campaign run."""
+
+    samples: dict[str, bytes] = {}
+
+    def __init__(self, _catalog: Any, settings: HeraldSettings, _clock: Any) -> None:
+        kafka = settings.kafka
+        self.deliveries = [kafka.topic(t) for t in OUTPUTS[:2]]
+        self.events = kafka.topic(EVENTS)
+
+    def __call__(self, batch: list[tuple[str, Any]]) -> list[KafkaRecord]:
+        out: list[KafkaRecord] = []
+        sample, events = self.samples, self.events
+        for _shard, planned in batch:
+            for view in planned.users:
+                user = view.user_id
+                if "marketing" in view.prefs.category_opt_out:
+                    out += [KafkaRecord(events, user, sample[events])] * 2
+                    continue
+                for topic in self.deliveries:
+                    out.append(KafkaRecord(topic, user, sample[topic]))
+                    out.append(KafkaRecord(events, user, sample[events]))
+        return out
+
+
+def _samples(settings: HeraldSettings) -> dict[str, bytes]:
+    """One record of each output topic of the campaign run (physical topic -> value)."""
+    kafka = settings.kafka
+    conf = {**kafka.client_config(), "group.id": "bench-sample"}
+    consumer = Consumer(conf)
+    found: dict[str, bytes] = {}
+    try:
+        for logical in [*OUTPUTS[:2], EVENTS]:
+            physical = kafka.topic(logical)
+            consumer.assign([TopicPartition(physical, 0, OFFSET_BEGINNING)])
+            while physical not in found:
+                msg = consumer.poll(10.0)
+                if msg is None:
+                    raise RuntimeError(f"no record in {physical} partition 0")
+                value = msg.value()
+                if msg.error() is None and value is not None:
+                    found[physical] = value
+    finally:
+        consumer.close()
+    return found
+
+
+def _run_noop(base: HeraldSettings, settings: HeraldSettings) -> tuple[float, float]:
+    """`_run_job` with the planning step replaced by `_NoopPlanner`."""
+    _NoopPlanner.samples = _samples(settings)
+    real = plan_job.Planner
+    plan_job.Planner = _NoopPlanner  # type: ignore[assignment, misc]
+    try:
+        return _run_job(base, settings, "noop")
+    finally:
+        plan_job.Planner = real  # type: ignore[misc]
+
+
 def _run_job(base: HeraldSettings, settings: HeraldSettings, name: str) -> tuple[float, float]:
     """(wall seconds, CPU seconds of this process) of one bounded run of the bulk plan job, with
     a fresh recovery store. CPU time includes librdkafka's threads; it is the figure that holds
@@ -101,7 +166,9 @@ def _run_job(base: HeraldSettings, settings: HeraldSettings, name: str) -> tuple
     recovery = base.run.run_dir / "bench-recovery" / f"{settings.kafka.topic_prefix}{name}"
     recovery.mkdir(parents=True)
     init_db_dir(recovery, 1)
-    flow = build_flow(settings, traffic_class="bulk", planning=PlanningSettings(), bounded=True)
+    flow = plan_job.build_flow(
+        settings, traffic_class="bulk", planning=PlanningSettings(), bounded=True
+    )
     tune_gc()  # as the job process does (dataflows/_runtime.py)
     started, cpu = time.perf_counter(), time.process_time()
     run_main(flow, epoch_interval=timedelta(seconds=10), recovery_config=RecoveryConfig(recovery))
@@ -123,6 +190,7 @@ def run(base: HeraldSettings, users: int = 100_000) -> dict[str, Any]:
         deliveries = sum(topic_timestamps(settings, t)[0] for t in OUTPUTS)
         events = topic_timestamps(settings, EVENTS)[0]
         baseline = raw_baseline(settings, [*OUTPUTS, EVENTS], deliveries + events)
+        noop_s, _noop_cpu = _run_noop(base, settings)
     finally:
         drop_topics(settings)
     return report(
@@ -139,6 +207,8 @@ def run(base: HeraldSettings, users: int = 100_000) -> dict[str, Any]:
             "plan deliveries per CPU second": deliveries / cpu,
             "baseline consume->produce rec/s": baseline["records_per_s"],
             "plan records / baseline": (deliveries + events) / span / baseline["records_per_s"],
+            "job seconds: no-op planner": noop_s,
+            "no-op planner deliveries/s": deliveries / (noop_s - load_s),
         },
     )
 

@@ -29,10 +29,9 @@ left out (dispatch then skips it as `not_rendered`).
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import date, datetime
-from functools import partial
 from math import ceil
 from typing import Any, NamedTuple
 
@@ -99,8 +98,9 @@ class Prototypes:
 
     Records without per-user params differ only in their ids within a shape, so the first record
     of a shape is built in full and kept; the others are copies of it with their ids set. The
-    keys are what makes a shape beyond the request and the instant; a `Renderer` keeps the
-    prototypes of the request it rendered last (`Renderer.prototypes`).
+    keys (`records`: key -> (prototype, shape)) are what makes a shape beyond the request and
+    the instant; a `Renderer` keeps the prototypes of the requests planned at the same instant
+    (`Renderer.prototypes`).
     """
 
     __slots__ = ("request", "now", "records", "fallbacks")
@@ -111,19 +111,11 @@ class Prototypes:
         # (channel, fallback steps, requested locale) -> (FallbackContent records, their key)
         self.fallbacks: dict[tuple[Any, ...], tuple[list[dict[str, Any]], tuple[Any, ...]]] = {}
 
-    def record(
-        self, key: tuple[Any, ...], ids: dict[str, str], build: Callable[[], dict[str, Any]]
-    ) -> tuple[dict[str, Any], Shape]:
-        """The record of shape `key` with `ids` set (`build()` makes a shape's first record)."""
-        found = self.records.get(key)
-        if found is None:
-            record = build()
-            self.records[key] = (record, Shape())
-            return record, self.records[key][1]
-        proto, shape = found
-        record = proto.copy()
-        record.update(ids)
-        return record, shape
+    def add(self, key: tuple[Any, ...], record: dict[str, Any]) -> Shape:
+        """Keep `record` (built in full) as the prototype of shape `key`; its shape."""
+        shape = Shape()
+        self.records[key] = (record, shape)
+        return shape
 
 
 @dataclass(frozen=True, slots=True)
@@ -312,12 +304,14 @@ def _event(
 ) -> Output:
     """A planning event; its shape is the request, the instant and the rest of the key."""
     key = ("event", channel, state, reason, held_until, fallback_from)
-    ids_ = {"event_id": event_id, "delivery_id": delivery_id, "user_id": user_id}
-    event, shape = protos.record(key, ids_, lambda: event_record(
-        protos.request, user_id, channel, delivery_id, state, reason, protos.now, attributes,
-        event_id,
-    ))  # fmt: skip
-    return Output(EVENTS_TOPIC, delivery_id, event, shape)
+    found = protos.records.get(key)
+    if found is None:
+        event = event_record(protos.request, user_id, channel, delivery_id, state, reason,
+                             protos.now, attributes, event_id)  # fmt: skip
+        return Output(EVENTS_TOPIC, delivery_id, event, protos.add(key, event))
+    event = found[0].copy()
+    event["event_id"], event["delivery_id"], event["user_id"] = event_id, delivery_id, user_id
+    return Output(EVENTS_TOPIC, delivery_id, event, found[1])
 
 
 def _delivery_id(
@@ -398,16 +392,20 @@ def _emitted(
     out: list[Output] = []
     for address in send.addresses:
         did = _delivery_id(made, request, user_id, send.channel, address)
-        build = partial(_delivery, request, user_id, send, address, did, rendered, now, content)
-        if personal:
-            out.append(Output(topic, did, build(), None))
+        key = None if personal else (
+            topic, send.channel, rendered.locale, rendered.version,
+            address.provider or send.provider, address.platform, send.not_before,
+            send.expire_at, send.fallback, content_key,
+        )  # fmt: skip
+        found = None if key is None else protos.records.get(key)
+        if found is None:
+            delivery = _delivery(request, user_id, send, address, did, rendered, now, content)
+            shape = None if key is None else protos.add(key, delivery)
         else:
-            key = (topic, send.channel, rendered.locale, rendered.version,
-                   address.provider or send.provider, address.platform, send.not_before,
-                   send.expire_at, send.fallback, content_key)  # fmt: skip
-            ids_ = {"delivery_id": did, "user_id": user_id, "address": address.value}
-            delivery, shape = protos.record(key, ids_, build)
-            out.append(Output(topic, did, delivery, shape))
+            delivery, shape = found[0].copy(), found[1]
+            delivery["delivery_id"], delivery["user_id"] = did, user_id
+            delivery["address"] = address.value
+        out.append(Output(topic, did, delivery, shape))
         event_id = made.event(did, state.value)
         out.append(_event(protos, user_id, send.channel, did, event_id, state, reason,
                           attributes, held_until, send.fallback_from))  # fmt: skip

@@ -1,6 +1,7 @@
 """Planning throughput: deliveries/s through the plan job (decode, policy, caps, render, encode).
 
     python -m bench.plan [--users N]   (own embedded stack in a temp dir)
+    python -m bench.plan --processes 1 2  (the job as 1, then 2 bytewax.run processes)
 
 Scenario: a bulk marketing campaign (marketing_campaign: push + email, capped 3/day) to N users
 with preferences and contact points in the compacted topics, sent as N/1,000 requests of 1,000
@@ -41,6 +42,7 @@ from bench._harness import (
     produce_all,
     raw_baseline,
     report,
+    run_job,
     scenario_settings,
     topic_timestamps,
 )
@@ -213,13 +215,52 @@ def run(base: HeraldSettings, users: int = 100_000) -> dict[str, Any]:
     )
 
 
+JOB = "dataflows.plan:build_flow(traffic_class='bulk', bounded=True)"  # stops at the topics' end
+
+
+def run_processes(base: HeraldSettings, users: int, processes: list[int]) -> dict[str, Any]:
+    """The job as `python -m bytewax.run` processes (`-i/-a` for more than one, no recovery),
+    twice per count: over the user table alone, and over the table and the campaign; the
+    difference is the planning time, without start-up and table load."""
+    table = scenario_settings(base, "plan-table")
+    full = scenario_settings(base, "plan-full")
+    logs = base.run.run_dir / "bench-plan-logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    figures: dict[str, Any] = {"users": users}
+    try:
+        for settings in (table, full):
+            for topic in ("herald.preferences", "herald.devices"):
+                produce_all(settings, topic, users_table(settings, users, topic))
+        produce_all(full, "herald.requests.bulk", campaign(full, users))
+        planned = 0
+        for i, n in enumerate(processes, 1):
+            load_s = run_job(table, JOB, n, logs)
+            job_s = run_job(full, JOB, n, logs)
+            total = sum(topic_timestamps(full, t)[0] for t in OUTPUTS)
+            deliveries, planned = total - planned, total  # each run plans the campaign again
+            name = f"run {i}, {n} process{'es' if n > 1 else ''}"
+            figures[f"{name}: s, table / + campaign"] = f"{load_s:.1f} / {job_s:.1f}"
+            figures[f"{name}: deliveries/s"] = deliveries / (job_s - load_s)
+    finally:
+        drop_topics(table)
+        drop_topics(full)
+    return report("plan: the job as separate processes (bytewax.run, no recovery)", figures)
+
+
 def main() -> None:
     """Run on a fresh embedded stack."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--users", type=int, default=100_000)
+    parser.add_argument(
+        "--processes", type=int, nargs="+", metavar="N",
+        help="instead: run the job as N bytewax.run processes (e.g. --processes 1 2)",
+    )  # fmt: skip
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="herald-bench-") as tmp, embedded_stack(Path(tmp)) as s:
-        run(s, args.users)
+        if args.processes:
+            run_processes(s, args.users, args.processes)
+        else:
+            run(s, args.users)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ import asyncio
 import gc
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -262,6 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     stack = Stack(run_dir, jobs=[])
     ctx = stack.start()
     api_proc = None
+    finished = False
     try:
         env = {**os.environ, **ctx.child_env(), "HERALD_KAFKA_TOPIC_PREFIX": "bench."}
         kafka = KafkaSettings(bootstrap_servers=env["HERALD_KAFKA_BOOTSTRAP_SERVERS"],
@@ -280,11 +282,16 @@ def main(argv: list[str] | None = None) -> int:
         api = asyncio.run(load_api(url, BENCH_KEY, args.rate, args.duration, args.connections))
         settings = HeraldSettings(kafka=kafka, registry=RegistrySettings(path=run_dir / "registry"))
         raw = load_raw(settings, args.rate, args.duration)
+        finished = True
     finally:
         if api_proc is not None:
             os.killpg(api_proc.pid, 15)
             api_proc.wait(15)
         stack.stop()
+        if finished:  # the stack's data and logs (~40 MB); kept when the run failed
+            shutil.rmtree(run_dir, ignore_errors=True)
+        else:
+            print(f"api_accept: stack logs kept in {run_dir}", file=sys.stderr)
     report = {"cores": os.cpu_count(), "api_workers": args.workers, "api": api.summary(),
               "raw_kafka": raw.summary()}  # fmt: skip
     print(json.dumps(report, indent=2))

@@ -63,14 +63,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--orders", type=int, default=3)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s %(message)s")
-    db = args.db or Path(tempfile.mkdtemp(prefix="herald-outbox-")) / "orders.db"
-    order_ids = list(range(1, args.orders + 1))
-    ship_orders(db, order_ids)
-    sent = relay_all(HeraldSettings(), db)
-    for order_id in order_ids:
-        nid = ids.notification_id(TENANT, f"order-{order_id}-shipped")
-        print(f"order {order_id}: notification_id {nid}")
-    print(f"relayed {sent} outbox rows from {db}")
+    with tempfile.TemporaryDirectory(prefix="herald-outbox-") as tmp:
+        db = args.db or Path(tmp) / "orders.db"  # the temporary one is removed at the end
+        order_ids = list(range(1, args.orders + 1))
+        ship_orders(db, order_ids)
+        sent = relay_all(HeraldSettings(), db)
+        for order_id in order_ids:
+            nid = ids.notification_id(TENANT, f"order-{order_id}-shipped")
+            print(f"order {order_id}: notification_id {nid}")
+        print(f"relayed {sent} outbox rows from {db}")
     return 0 if sent == len(order_ids) else 1
 
 

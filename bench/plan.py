@@ -31,6 +31,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+from unittest.mock import patch
 
 from bytewax.recovery import RecoveryConfig, init_db_dir
 from bytewax.testing import run_main
@@ -104,11 +105,10 @@ def campaign(settings: HeraldSettings, users: int) -> Iterator[tuple[bytes, byte
 class _NoopPlanner:
     """Stands in for `dataflows._planner.Planner`: per user, the records the campaign gives it
     (2 SUPPRESSED events when opted out of marketing, else 2 Deliveries and 2 PLANNED events),
-    as copies of real records read back from the campaign run."""
+    as copies of real records read back from the campaign run (`samples`, by physical topic)."""
 
-    samples: dict[str, bytes] = {}
-
-    def __init__(self, _catalog: Any, settings: HeraldSettings, _clock: Any) -> None:
+    def __init__(self, samples: dict[str, bytes], settings: HeraldSettings) -> None:
+        self.samples = samples
         kafka = settings.kafka
         self.deliveries = [kafka.topic(t) for t in OUTPUTS[:2]]
         self.events = kafka.topic(EVENTS)
@@ -152,13 +152,13 @@ def _samples(settings: HeraldSettings) -> dict[str, bytes]:
 
 def _run_noop(base: HeraldSettings, settings: HeraldSettings) -> tuple[float, float]:
     """`_run_job` with the planning step replaced by `_NoopPlanner`."""
-    _NoopPlanner.samples = _samples(settings)
-    real = plan_job.Planner
-    plan_job.Planner = _NoopPlanner  # type: ignore[assignment, misc]
-    try:
+    samples = _samples(settings)
+
+    def planner(_catalog: Any, job_settings: HeraldSettings, _clock: Any) -> _NoopPlanner:
+        return _NoopPlanner(samples, job_settings)
+
+    with patch.object(plan_job, "Planner", planner):
         return _run_job(base, settings, "noop")
-    finally:
-        plan_job.Planner = real  # type: ignore[misc]
 
 
 def _run_job(base: HeraldSettings, settings: HeraldSettings, name: str) -> tuple[float, float]:

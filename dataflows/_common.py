@@ -9,13 +9,13 @@ from bytewax.dataflow import Stream, operator
 
 from herald.config import KafkaSettings
 from schemas.registry import SchemaRegistry
-from sinks.kafka import KafkaProducerSink, KafkaRecord, kafka_output, to_dead_letter_topic
+from sinks.kafka import KafkaProducerSink, SinkItem, kafka_output, to_dead_letter_topic
 
 
 @operator
 def produce_with_dead_letters(
     step_id: str,
-    records: Stream[KafkaRecord],
+    records: Stream[SinkItem],
     dead_letters: Stream[dict[str, Any]],
     *,
     kafka: KafkaSettings,
@@ -26,5 +26,5 @@ def produce_with_dead_letters(
     letters = to_dead_letter_topic("dead_letters_out", dead_letters, kafka=kafka, registry=registry)
     # KafkaRecord for herald.dead-letters (key = source topic)
     merged = op.merge("merge", records, letters)
-    # KafkaRecord
+    # KafkaRecord | RecordBatch
     kafka_output("produce", merged, sink if sink is not None else KafkaProducerSink(kafka))

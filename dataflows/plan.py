@@ -58,7 +58,7 @@ from herald.config import HeraldSettings
 from herald.planning import AudienceBatch, CaughtUp, Planned, TableUpdate, split_by_shard
 from schemas.registry import SchemaRegistry, make_registry
 from schemas.serde import AvroDeserializer
-from sinks.kafka import KafkaProducerSink, KafkaRecord
+from sinks.kafka import KafkaProducerSink, RecordBatch, batch_records
 
 __all__ = ["build_flow"]
 
@@ -76,8 +76,8 @@ def _is_table_item(item: Any) -> TypeGuard[TableUpdate | CaughtUp]:
     return isinstance(item, TableUpdate | CaughtUp)
 
 
-def _is_record(item: Any) -> TypeGuard[KafkaRecord]:
-    return isinstance(item, KafkaRecord)
+def _is_records(item: Any) -> TypeGuard[RecordBatch]:
+    return isinstance(item, RecordBatch)
 
 
 CHUNK_USERS = 2000
@@ -195,10 +195,11 @@ def build_flow(
         Planner(p.catalog, settings, p.clock),  # -> Output(topic, delivery_id, value) | letter
         CountOutputs(JOB, dead_letters=False),  # the same items, counted
         Encoder(settings, p.registry, JOB),  # -> KafkaRecord | dead_letter dict
+        batch_records,  # -> one RecordBatch (the chunk's records) | dead_letter dict
     )
     records = op.flat_map_batch("plan", planned, partial(_chain, steps))
-    # KafkaRecord | dead_letter dict
-    encoded = op.branch("split_records", records, _is_record)
+    # RecordBatch | dead_letter dict
+    encoded = op.branch("split_records", records, _is_records)
     falses = (cast(Stream[DeadLetter], s.falses) for s in (split, updates, encoded))
     dead_letters = op.merge("dead_letters", *falses)
     # dead_letter dict

@@ -20,6 +20,8 @@ from sinks.kafka import (
     DEAD_LETTER_TOPIC,
     KafkaProducerSink,
     KafkaRecord,
+    RecordBatch,
+    batch_records,
     encode_avro,
     kafka_output,
     to_dead_letter_topic,
@@ -34,7 +36,7 @@ TOPIC = "herald.delivery-events"
 FAST_FAIL = {"message.timeout.ms": 5000, "topic.metadata.propagation.max.ms": 1000}
 
 
-def run_records(records: list[KafkaRecord], sink: KafkaProducerSink) -> None:
+def run_records(records: list[Any], sink: KafkaProducerSink) -> None:
     flow = Dataflow("sink_test")
     stream = op.input("in", flow, TestingSource(records, batch_size=50))
     kafka_output("kafka_out", stream, sink)
@@ -126,6 +128,34 @@ def test_snapshot_raises_for_failed_records(settings: HeraldSettings) -> None:
     with pytest.raises(DeliveryError, match="UNKNOWN_TOPIC"):
         part.snapshot()
     part.close()  # after a failure: releases the producer without raising again
+
+
+def test_batch_records_groups_the_records_and_passes_the_rest() -> None:
+    records = [KafkaRecord("t", f"d{i}", b"v") for i in range(3)]
+    letter = {"reason": "bad"}
+
+    assert batch_records([records[0], letter, *records[1:]]) == [RecordBatch("d0", records), letter]
+    assert batch_records([letter]) == [letter]
+    assert batch_records([KafkaRecord("t", None, b"v")])[0].key == "t"
+
+
+def test_batches_arrive_in_order_beside_single_records(settings: HeraldSettings) -> None:
+    topic = settings.kafka.topic(TOPIC)
+    batches = [
+        RecordBatch(f"b{b}", [KafkaRecord(topic, "same", f"{b}:{i:03d}".encode())
+                              for i in range(100)])
+        for b in range(5)
+    ]  # fmt: skip
+    single = KafkaRecord(topic, "other", b"single")
+
+    run_records([*batches, single], KafkaProducerSink(settings.kafka, parts=3))
+
+    got = consume(settings, TOPIC)
+    assert (b"other", b"single") in got
+    for batch in batches:  # each batch's records arrive in the batch's order
+        values = [r.value for r in batch.records]
+        assert [v for _k, v in got if v in values] == values
+    assert len(got) == 501
 
 
 def test_encode_and_dead_letter_routing(settings: HeraldSettings) -> None:

@@ -36,6 +36,11 @@ CAMPAIGN_USERS = int(os.environ.get("HERALD_E2E_CAMPAIGN_USERS", "20000"))
 OTPS = 40
 OTP_INTERVAL_S = 0.25
 BURST_S = 0.1  # RateModel.burst_s default: the bucket holds rate x 0.1 s
+# Requests reach the simulator a variable time after their token was granted (HTTP/2 streams,
+# event-loop turns, GC, two cores shared by the whole stack): sends delayed and then sent
+# together can put up to rate x that variance more arrivals into one second than the bucket
+# granted in any second. 934 against 881 was the worst seen in CI runs, about 70 ms.
+ARRIVAL_JITTER_S = 0.1
 PROBE_USERS = 200
 PENDING_TTL_S = 60.0  # DispatchSettings.pending_ttl_s default
 DRAIN_WINDOW_S = 900.0  # seed 001: the bulk backlog is digested within 15 minutes
@@ -71,6 +76,22 @@ def _campaign_pushes(client: StackClient, tokens: set[str]) -> list[float]:
     return [t for t, a, o in sim_log(client, "fcm") if o == "accepted" and a in tokens]
 
 
+def _campaign_sending(client: StackClient, nid: str, expected: int) -> list[float]:
+    """When Herald granted each FCM send of the campaign (SENDING events in ClickHouse), once
+    the warehouse has them all (or after 120 s)."""
+    deadline = time.monotonic() + 120
+    while True:
+        result = client.clickhouse().query(
+            "SELECT occurred_at FROM herald.delivery_events FINAL "
+            "WHERE notification_id = {nid:String} AND state = 'SENDING' AND provider = 'fcm'",
+            parameters={"nid": nid},
+        )
+        times = [row[0].timestamp() for row in result.result_rows]
+        if len(times) >= expected or time.monotonic() > deadline:
+            return times
+        time.sleep(1.0)
+
+
 def _wait_serving(e2e: E2EStack, job: str, timeout: float = 240) -> None:
     """Until the restarted job has built its dataflow (its /metrics port answers): the time a
     Bytewax process takes to start is the supervisor's, not the worker's take-over."""
@@ -91,7 +112,7 @@ def test_bulk_flood_does_not_slow_otps_and_provider_rate_holds(
     for name in ("fcm", "sms_a", "sms_b"):
         client.sim(name).reset()
 
-    _, bulk_users = _start_campaign(client, tag)
+    campaign, bulk_users = _start_campaign(client, tag)
     flood_start = client.sim("fcm").stats(ids=False)["accepted"]
     _wait_flooding(client, at_least=flood_start + 300)
     tokens = {f"tok-{u}" for u in bulk_users}
@@ -122,8 +143,9 @@ def test_bulk_flood_does_not_slow_otps_and_provider_rate_holds(
     assert max(fcm_times) > last_otp, "the campaign drained before the OTPs: no contention"
     assert p99 < 2.0, f"OTP accept->provider p99 {p99:.3f}s (p50 {p50:.3f}s) >= 2 s"
 
-    # the campaign drains completely within the seed's 15-minute window, and never above the
-    # configured FCM budget
+    # the campaign drains completely within the seed's 15-minute window, and Herald never sends
+    # above the configured FCM budget (rate x 1 s + bucket depth in any second); at the
+    # provider, within that plus the arrival jitter
     deadline = time.monotonic() + DRAIN_WINDOW_S
     while len(fcm_times) < len(bulk_users) and time.monotonic() < deadline:
         time.sleep(2)
@@ -135,8 +157,14 @@ def test_bulk_flood_does_not_slow_otps_and_provider_rate_holds(
         f"busiest 1 s window {busiest} (budget {FCM_RATE:.0f}/s + burst)"
     )
     assert len(fcm_times) == len(bulk_users), "campaign not drained (or a user pushed twice)"
-    assert busiest <= FCM_RATE * (1.0 + BURST_S) + 1
-    assert max_window_count(fcm_times, 5.0) <= FCM_RATE * (5.0 + BURST_S) + 1
+    sending = _campaign_sending(client, campaign, len(bulk_users))
+    granted = max_window_count(sending, 1.0)
+    print(f"Herald's sends: {len(sending)}, busiest 1 s window {granted}")
+    assert len(sending) >= len(bulk_users)
+    assert granted <= FCM_RATE * (1.0 + BURST_S) + 1
+    assert max_window_count(sending, 5.0) <= FCM_RATE * (5.0 + BURST_S) + 1
+    assert busiest <= FCM_RATE * (1.0 + BURST_S + ARRIVAL_JITTER_S) + 1
+    assert max_window_count(fcm_times, 5.0) <= FCM_RATE * (5.0 + BURST_S + ARRIVAL_JITTER_S) + 1
 
 
 @pytest.mark.timeout(600)

@@ -52,10 +52,10 @@ from dataflows._metrics import CountOutputs
 from dataflows._planner import Admission, Planner
 from dataflows._requests import RequestSource
 from dataflows._settings import Clock, PlanningSettings, entry_settings
-from dataflows._users import ChangelogDecoder, UserShardLogic, to_shards
+from dataflows._users import ChangelogDecoder, ShardRouter, TableChanges, UserShardLogic
 from herald.catalog import TRAFFIC_CLASSES, Catalog, load_catalog
 from herald.config import HeraldSettings
-from herald.planning import AudienceBatch, CaughtUp, Planned, TableUpdate, split_by_shard
+from herald.planning import AudienceBatch, Planned, split_by_shard
 from schemas.registry import SchemaRegistry, make_registry
 from schemas.serde import AvroDeserializer
 from sinks.kafka import KafkaProducerSink, RecordBatch, batch_records
@@ -72,8 +72,8 @@ def _is_batch(item: Any) -> TypeGuard[AudienceBatch]:
     return isinstance(item, AudienceBatch)
 
 
-def _is_table_item(item: Any) -> TypeGuard[TableUpdate | CaughtUp]:
-    return isinstance(item, TableUpdate | CaughtUp)
+def _is_routed(item: Any) -> TypeGuard[tuple[str, TableChanges]]:
+    return isinstance(item, tuple)
 
 
 def _is_records(item: Any) -> TypeGuard[RecordBatch]:
@@ -149,16 +149,19 @@ def _tasks(flow: Dataflow, p: _Parts, traffic_class: str, bounded: bool) -> Bran
 
 
 def _table(flow: Dataflow, p: _Parts, bounded: bool) -> tuple[BranchOut[Any, Any], frozenset[str]]:
-    """Changelog records -> table updates and CaughtUp markers; and the changelog partitions."""
+    """Changelog records -> `.trues` (shard, TableChanges), `.falses` dead letters; and the
+    changelog partitions."""
     kafka = p.settings.kafka
     topics = [kafka.topic(PREFERENCES_TOPIC), kafka.topic(DEVICES_TOPIC)]
     changelog = ChangelogSource(kafka, topics, bounded=bounded)
     changes = op.input("users_in", flow, changelog)
     # KafkaMessage | CaughtUp
     decoder = ChangelogDecoder(AvroDeserializer(p.registry), kafka.topic(PREFERENCES_TOPIC))
-    decoded = op.map("decode_users", changes, decoder)
-    # TableUpdate | CaughtUp | dead_letter dict
-    return op.branch("split_users", decoded, _is_table_item), frozenset(changelog.list_parts())
+    routed = op.flat_map_batch(
+        "decode_users", changes, ShardRouter(decoder, p.planning.user_shards)
+    )
+    # (shard, TableChanges) | dead_letter dict
+    return op.branch("split_users", routed, _is_routed), frozenset(changelog.list_parts())
 
 
 def build_flow(
@@ -185,10 +188,9 @@ def build_flow(
     tasks = op.flat_map("fan_out", split.trues, partial(split_by_shard, shards=shards))
     # (shard, UserTasks)
     updates, parts = _table(flow, p, bounded)
-    routed = op.flat_map("route_users", updates.trues, partial(to_shards, shards=shards))
-    # (shard, TableUpdate | CaughtUp)
-    merged = op.merge("to_users", tasks, routed)
-    # (shard, UserTasks | TableUpdate | CaughtUp)
+    # (shard, TableChanges)
+    merged = op.merge("to_users", tasks, updates.trues)
+    # (shard, UserTasks | TableChanges)
     planned = op.stateful_batch("users", merged, partial(UserShardLogic, parts))
     # (shard, Planned)
     steps = (

@@ -10,11 +10,19 @@ from unittest.mock import patch
 
 from dataflows import _runtime as runtime
 from dataflows._settings import Clock
-from dataflows._users import ChangelogDecoder, UserShardLogic, to_shards
+from dataflows._users import ChangelogDecoder, ShardRouter, TableChanges, UserShardLogic
 from dataflows.plan import CHUNK_USERS, _chunks
 from dataflows.schedule import BucketLogic
 from herald.catalog import load_catalog
-from herald.planning import CaughtUp, Planned, TableUpdate, UserTasks, UserView, admit_request
+from herald.planning import (
+    CaughtUp,
+    Planned,
+    TableUpdate,
+    UserTasks,
+    UserView,
+    admit_request,
+    shard_of,
+)
 from herald.policy import ContactPoints, Preferences
 from herald.scheduling import ScheduledEntry
 from sources.kafka import KafkaMessage
@@ -50,35 +58,36 @@ def tasks(*users: str) -> UserTasks:
 def test_user_shard_waits_for_every_changelog_partition() -> None:
     logic = UserShardLogic(frozenset({"0-prefs", "0-devices"}), None)
     out, _ = logic.on_batch(
-        [tasks("u1"), TableUpdate("preferences", "u1", Preferences("u1", True))]
+        [tasks("u1"), TableChanges([TableUpdate("preferences", "u1", Preferences("u1", True))])]
     )
     assert out == [] and logic.snapshot() == (tasks("u1"),)  # waiting, and kept in the snapshot
-    out, _ = logic.on_batch([CaughtUp("0-prefs")])
+    out, _ = logic.on_batch([TableChanges([CaughtUp("0-prefs")])])
     assert out == []
-    out, _ = logic.on_batch([CaughtUp("0-devices"), tasks("u2")])
+    out, _ = logic.on_batch([TableChanges([CaughtUp("0-devices")]), tasks("u2")])
     assert [v.user_id for p in out for v in p.users] == ["u1", "u2"]
     assert out[0].users[0].prefs.global_opt_out  # the update that came after the task applies
     assert logic.snapshot() == ()
     restored = UserShardLogic(frozenset({"0-prefs"}), (tasks("u3"),))
-    assert [v.user_id for p in restored.on_batch([CaughtUp("0-prefs")])[0] for v in p.users] == [
-        "u3"
-    ]
+    released, _ = restored.on_batch([TableChanges([CaughtUp("0-prefs")])])
+    assert [v.user_id for p in released for v in p.users] == ["u3"]
 
 
 def test_a_long_table_load_and_readiness_freeze_the_table_out_of_the_collector() -> None:
     gc.unfreeze()
     logic = UserShardLogic(frozenset({"0-prefs"}), None)
     before = gc.get_freeze_count()
-    logic.on_batch([TableUpdate("preferences", f"u{i}", Preferences(f"u{i}")) for i in range(10)])
+    updates = [TableUpdate("preferences", f"u{i}", Preferences(f"u{i}")) for i in range(10)]
+    logic.on_batch([TableChanges(updates)])
     assert gc.get_freeze_count() == before  # not yet FREEZE_EVERY updates
     try:
         with patch.object(runtime, "FREEZE_EVERY", 20):
             logic.on_batch(
-                [TableUpdate("preferences", f"v{i}", Preferences(f"v{i}")) for i in range(10)]
-            )
+                [TableChanges([TableUpdate("preferences", f"v{i}", Preferences(f"v{i}"))
+                               for i in range(10)])]
+            )  # fmt: skip
             assert gc.get_freeze_count() > before  # the 20th update froze what the table holds
             gc.unfreeze()
-            logic.on_batch([CaughtUp("0-prefs")])
+            logic.on_batch([TableChanges([CaughtUp("0-prefs")])])
             assert gc.get_freeze_count() > 0  # ready: the loaded table is long-lived
     finally:
         gc.unfreeze()
@@ -108,8 +117,20 @@ def test_changelog_records_route_to_shards_and_bad_ones_are_dead_letters() -> No
     assert isinstance(bad, dict) and bad["reason"] == "invalid_timezone"
     tombstone = decode(KafkaMessage("p.devices", 1, 9, b"u1", None))
     assert tombstone == TableUpdate("contacts", "u1", None)
-    assert to_shards(tombstone, 8) == [(to_shards(tombstone, 8)[0][0], tombstone)]
-    assert len(to_shards(CaughtUp("0-p"), 8)) == 8
+
+    route = ShardRouter(decode, 8)
+    out = route([KafkaMessage("p.devices", 1, 9, b"u1", None),
+                 KafkaMessage("p.prefs", 0, 5, b"u1", b"x"),
+                 KafkaMessage("p.devices", 1, 10, b"u2", None), CaughtUp("0-p"),
+                 KafkaMessage("p.devices", 1, 11, b"u1", None)])  # fmt: skip
+    letters = [item for item in out if isinstance(item, dict)]
+    routed = dict(item for item in out if isinstance(item, tuple))
+    assert [letter["offset"] for letter in letters] == [5]
+    assert len(routed) == 8  # the CaughtUp reaches every shard
+    u1, u2 = shard_of("u1", 8), shard_of("u2", 8)
+    assert u1 != u2
+    assert routed[u1].items == [tombstone, CaughtUp("0-p"), tombstone]  # in the batch's order
+    assert routed[u2].items == [TableUpdate("contacts", "u2", None), CaughtUp("0-p")]
 
 
 def test_bucket_logic_releases_when_due_and_disappears() -> None:

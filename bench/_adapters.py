@@ -92,11 +92,19 @@ def api_accept(quick: bool = False) -> dict[str, Any]:
 
 
 def plan(quick: bool = False) -> dict[str, Any]:
-    """Deliveries/s through dataflows.plan beside Kafka consume→produce of its output."""
+    """Deliveries/s through dataflows.plan beside Kafka consume→produce of its output; then
+    (not with `quick`) the job as 1 and as 2 `bytewax.run` processes."""
     from bench import plan as scenario
 
-    users = 5_000 if quick else 60_000
-    data = _fresh_stack(lambda s: scenario.run(s, users))
+    users, spread = (5_000, 0) if quick else (60_000, 100_000)
+
+    def both(stack: Any) -> dict[str, Any]:
+        data = scenario.run(stack, users)
+        if spread:
+            data["processes"] = scenario.run_processes(stack, spread, [1, 2])
+        return data
+
+    data = _fresh_stack(both)
     base = _get(data, "baseline consume->produce rec/s")
     figs = [
         figure("plan output records/s (deliveries + events)",
@@ -112,6 +120,17 @@ def plan(quick: bool = False) -> dict[str, Any]:
              "worker in-process, recovery on; startup and user-table load subtracted. The no-op "
              "planner emits copies of real records per user without deciding anything: what "
              "the rest of the job allows, whatever planning costs."]  # fmt: skip
+    if spread:
+        procs = data["processes"]
+        figs += [
+            figure("as 1 bytewax.run process, deliveries/s",
+                   _get(procs, "run 1, 1 process: deliveries/s"), "deliveries/s"),
+            figure("as 2 bytewax.run processes (-i/-a), deliveries/s",
+                   _get(procs, "run 2, 2 processes: deliveries/s"), "deliveries/s"),
+        ]  # fmt: skip
+        notes.append(f"Then the job as `python -m bytewax.run` processes over a {spread:,}-user "
+                     "campaign (no recovery): 1 process, then 2 on loopback; each run's "
+                     "table-only run subtracted.")  # fmt: skip
     return result("plan: campaign fan-out through dataflows.plan", figs, notes=notes,
                   details=data)  # fmt: skip
 

@@ -88,11 +88,12 @@ def users_table(settings: HeraldSettings, users: int, topic: str) -> Iterator[tu
 
 
 def campaign(settings: HeraldSettings, users: int) -> Iterator[tuple[bytes, bytes]]:
-    """One request per 1,000 users."""
+    """One request per 1,000 users; notification ids unique to the scenario's topics (the plan
+    job's request dedup in Redis drops an id seen before from another topic)."""
     encode = _encoder(settings, "herald.requests.bulk")
     now = datetime.now(UTC)
     for n in range(0, users, 1000):
-        nid = f"bench-{n}"
+        nid = f"{settings.kafka.topic_prefix}{n}"
         record = {
             "notification_id": nid, "request_id": nid, "tenant_id": "bench",
             "notification_type": "marketing_campaign", "traffic_class": "bulk",

@@ -94,8 +94,9 @@ class RecordBatch(NamedTuple):
     A step that makes thousands of records at once (the plan job: about two per delivery) pays
     Bytewax's per-item cost once per batch instead of once per record: the routing to a sink
     partition takes the GIL and calls Python for every item (Bytewax 0.21's `PartitionAssigner`),
-    and each item crosses the Python/Rust boundary once per step. Measured in the plan job: the
-    same job with a no-op planner ran ~1.6x faster with batches (`bench/plan.py`).
+    and each item crosses the Python/Rust boundary once per step; between processes each item
+    is a pickled message. Measured in the plan job (`bench/plan.py`): with a no-op planner the
+    job ran 1.6-2.4x faster with batches, the real job ~1.2x, and with 2 processes 2.5x.
 
     `key` routes the batch (as a record's key does); records with the same key keep their order
     only within one batch, so batch records whose order matters only among themselves.

@@ -155,7 +155,7 @@ def _run_noop(base: HeraldSettings, settings: HeraldSettings) -> tuple[float, fl
     """`_run_job` with the planning step replaced by `_NoopPlanner`."""
     samples = _samples(settings)
 
-    def planner(_catalog: Any, job_settings: HeraldSettings, _clock: Any) -> _NoopPlanner:
+    def planner(_catalog: Any, job_settings: HeraldSettings, *_args: Any) -> _NoopPlanner:
         return _NoopPlanner(samples, job_settings)
 
     with patch.object(plan_job, "Planner", planner):

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from dataflows._splice import SpliceEncoder
 from herald.config import HeraldSettings
@@ -26,11 +26,12 @@ from herald.errors import SerdeError
 from herald.plan_records import Output, Shape
 from infra.topics import load_topics, physical_subject
 from schemas import schema_text
+from schemas.avro_writer import Writer
 from schemas.registry import SchemaRegistry
 from schemas.serde import AvroSerializer, frame
 from sinks.kafka import KafkaRecord, dead_letter
 
-__all__ = ["Encoder"]
+__all__ = ["Encoder", "Splice"]
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,17 @@ SPLICED = {
     "delivery_event": ("event_id", "delivery_id", "user_id"),
 }
 _MAX_SHAPES = 4096
+
+
+class Splice(NamedTuple):
+    """What encodes the records of one shape (`Encoder.splice_parts`): the body is
+    `segments[0] + writers[0](record[varying[0]]) + segments[1] + ... + segments[-1]`, framed
+    (the first segment starts with the wire header)."""
+
+    topic: str  # physical
+    segments: tuple[bytes, ...]
+    varying: tuple[str, ...]
+    writers: tuple[Writer, ...]
 
 
 class _Splicer:
@@ -61,6 +73,13 @@ class _Splicer:
         if segments is None:
             return fallback(item.value)
         return self.encoder.encode(segments, item.value)
+
+    def parts(self, item: Output, fallback: Callable[[Any], bytes]) -> tuple[bytes, ...] | None:
+        """The segments of `item`'s shape (made from `item` when new); None if it fell back."""
+        assert item.shape is not None
+        if self.shapes.get(item.shape, _NEW) is _NEW:
+            self._first(item, fallback)
+        return self.shapes.get(item.shape)
 
     def _first(self, item: Output, fallback: Callable[[Any], bytes]) -> bytes:
         assert item.shape is not None
@@ -102,6 +121,26 @@ class Encoder:
             found = (self.kafka.topic(logical), serializer, splicer)
             self._serializers[logical] = found
         return found
+
+    def splice_parts(self, item: Output) -> Splice | None:
+        """How records of `item`'s shape are encoded: `Splice` (physical topic, the shape's
+        encoded constant fields, the varying fields and their writers); None for an item
+        without a shape, of a schema that does not splice, or whose shape fell back to the
+        serializer (or failed to encode). Used to build records without `Output`s
+        (dataflows/_classes.py)."""
+        if item.shape is None:
+            return None
+        found = self._serializers.get(item.topic) or self._serializer(item.topic)
+        topic, serialize, splicer = found
+        if splicer is None:
+            return None
+        try:
+            segments = splicer.parts(item, serialize)
+        except SerdeError:
+            return None
+        if segments is None:
+            return None
+        return Splice(topic, segments, splicer.encoder.varying, splicer.encoder.writers)
 
     def __call__(self, batch: list[Any]) -> list[KafkaRecord | DeadLetter]:
         """Encode every Output; pass dead letters through."""

@@ -54,10 +54,17 @@ class CountOutputs:
                 states[item.value["state"]] += 1
                 if item.value["state"] == "SUPPRESSED":
                     suppressed[item.value["reason"]] += 1
+        self.add(states, suppressed, letters)
+        return batch
+
+    def add(
+        self, states: Counter[str], suppressed: Counter[str], letters: Counter[str] | None = None
+    ) -> None:
+        """Count events by state, SUPPRESSED events by reason and dead letters by reason
+        (for a step that emits encoded events: dataflows/_planner.py)."""
         for state, n in states.items():
             self.metrics.event(state, n)
         for reason, n in suppressed.items():
             self.metrics.suppressed(reason, n)
-        for reason, n in letters.items():
+        for reason, n in (letters or {}).items():
             self.metrics.dead_letter(reason, n)
-        return batch

@@ -1,9 +1,11 @@
 """The plan job's batch steps: admission, then the policy with caps and rendering.
 
     Admission(...)(decoded)   requests -> PlanRequest | dead letter | None (a duplicate)
-    Planner(...)(batch)       (shard, Planned) items -> Output | dead letter: one Redis trip a
-                              batch for the API's copies of the users' state (read-your-writes,
-                              dataflows/_copies.py), one for the frequency caps
+    Planner(...)(batch)       (shard, Planned) items -> Output | KafkaRecord | dead letter: one
+                              Redis trip a batch for the API's copies of the users' state
+                              (read-your-writes, dataflows/_copies.py), one for the frequency
+                              caps; users planned alike get encoded records from a template
+                              (dataflows/_classes.py)
 
 They are callables over whole batches (`flat_map_batch`), so the per-item cost of the dataflow is
 paid once per batch for Redis round trips and clock reads. Redis clients are created on first use
@@ -13,12 +15,18 @@ in the worker process that runs the step.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any
 
+from dataflows._classes import Classes, Template
 from dataflows._copies import ApiCopies
+from dataflows._encode import Encoder
+from dataflows._metrics import CountOutputs
 from dataflows._redis import CapCharge, CapCounter, RequestGate, redis_client
 from dataflows._settings import Clock
 from herald.catalog import Catalog, CatalogLookupError
@@ -34,8 +42,9 @@ from herald.plan_records import (
     refuse_capped,
     user_records,
 )
-from herald.planning import InvalidRequest, Planned, PlanRequest, admit_request
+from herald.planning import InvalidRequest, Planned, PlanRequest, UserView, admit_request
 from herald.policy import Decision
+from herald.states import State
 from sinks.kafka import dead_letter
 from sources.kafka import KafkaMessage
 
@@ -93,57 +102,118 @@ class Planner:
     again from the refused decisions (`refuse_capped`) once the answer is in. The Redis round
     trip, ~12% of the job's time when it waited, overlaps with the job's own work (the calling
     thread blocks on the socket without the GIL).
+
+    Users planned alike get their records from a template (dataflows/_classes.py), already
+    encoded: those come out as `KafkaRecord`s beside the `Output`s of users planned in full.
+    The step counts the events it emits (`count`).
     """
 
-    def __init__(self, catalog: Catalog, settings: HeraldSettings, clock: Clock) -> None:
+    def __init__(
+        self,
+        catalog: Catalog,
+        settings: HeraldSettings,
+        clock: Clock,
+        encoder: Encoder,
+        count: CountOutputs,
+    ) -> None:
         self.catalog = catalog
         self.settings = settings
         self.clock = clock
+        self.encoder = encoder
+        self.count = count
         self.renderer = Renderer(catalog)
         self._caps: CapCounter | None = None
         self._copies: ApiCopies | None = None
         self._charging: ThreadPoolExecutor | None = None
 
-    def __call__(self, batch: list[tuple[str, Planned]]) -> list[Output | DeadLetter]:
-        """Outputs of every user of every item of the batch."""
+    def __call__(self, batch: list[tuple[str, Planned]]) -> list[Any]:
+        """Outputs (or KafkaRecords) of every user of every item of the batch."""
         if self._copies is None:
             self._copies = ApiCopies(redis_client(self.settings.redis))
         batch = self._copies.fresh(batch)
         now = self.clock.now()
-        out: list[Output | DeadLetter] = []
-        plans: list[tuple[PlanRequest, Any, list[Decision]]] = []
+        out: list[Any] = []
+        plans: list[_Plan] = []
         charges: list[tuple[int, CapCharge]] = []
         days = CapDays(now)
+        classes = Classes(self.encoder, self.renderer.ids)
         for _shard, planned in batch:
             request = planned.request
             for view in planned.users:
-                try:
-                    decisions = plan_user(self.catalog, request, view, now)
-                except HeraldError as exc:  # a bad value in this user's state
-                    out.append(_user_letter(request, view.user_id, None, _code(exc), str(exc)))
-                    continue
-                bucket = cap_charge(self.catalog, request, view, decisions, now, days)
+                template = classes.get(request, view)
+                if template is not None:
+                    plan = _Plan(request, view, None, template, None)
+                    bucket = template.bucket(view)
+                else:
+                    try:
+                        decisions = plan_user(self.catalog, request, view, now)
+                    except HeraldError as exc:  # a bad value in this user's state
+                        out.append(_user_letter(request, view.user_id, None, _code(exc), str(exc)))
+                        continue
+                    bucket = cap_charge(self.catalog, request, view, decisions, now, days)
+                    plan = _Plan(request, view, decisions, None, None)
+                    plan.records = classes.learn(
+                        request, view, bucket, partial(self._records, plan, now)
+                    )
                 if bucket is not None:
                     charges.append(
                         (len(plans), CapCharge(bucket, view.user_id, request.notification_id))
                     )
-                plans.append((request, view, decisions))
+                plans.append(plan)
         allowed = self._charge([c for _i, c in charges])
-        per_user = [self._records(plan, now) for plan in plans]
+        per_user = [self._build(plan, now) for plan in plans]
         for (index, _charge), ok in zip(charges, allowed.result(), strict=True):
             if not ok:
-                request, view, decisions = plans[index]
-                per_user[index] = self._records((request, view, refuse_capped(decisions)), now)
+                per_user[index] = self._refused(plans[index], now)
+        self._count(plans, per_user)
         for records in per_user:
             out.extend(records)
         return out
 
-    def _records(
-        self, plan: tuple[PlanRequest, Any, list[Decision]], now: datetime
-    ) -> list[Output | DeadLetter]:
-        request, view, decisions = plan
+    def _build(self, plan: _Plan, now: datetime) -> list[Any]:
+        if plan.records is not None:
+            return plan.records
+        if plan.template is not None:
+            return plan.template.records(plan.view)
+        return self._records(plan, now)
+
+    def _refused(self, plan: _Plan, now: datetime) -> list[Any]:
+        """The records of a user whose cap charge was refused."""
+        plan.template = None
+        decisions = plan.decisions
+        if decisions is None:  # a user of a template: planned again
+            try:
+                decisions = plan_user(self.catalog, plan.request, plan.view, now)
+            except HeraldError as exc:  # not seen from the same class, but kept safe
+                letter = _user_letter(plan.request, plan.view.user_id, None, _code(exc), str(exc))
+                return [letter]
+        plan.decisions = refuse_capped(decisions)
+        return self._records(plan, now)
+
+    def _records(self, plan: _Plan, now: datetime) -> list[Output | DeadLetter]:
+        request, view, decisions = plan.request, plan.view, plan.decisions
+        assert decisions is not None
         records, rejected = user_records(self.renderer, request, view, decisions, now)
         return [*records, *(_rejection_letter(request, r) for r in rejected)]
+
+    def _count(self, plans: list[_Plan], per_user: list[list[Any]]) -> None:
+        """Count the batch's events: a template's per user of it, the rest from the Outputs."""
+        users: Counter[Template] = Counter()
+        planned_in_full: list[Any] = []
+        for plan, records in zip(plans, per_user, strict=True):
+            if plan.template is not None:
+                users[plan.template] += 1
+            else:
+                planned_in_full.extend(records)
+        states: Counter[str] = Counter()
+        suppressed: Counter[str] = Counter()
+        for template, n in users.items():
+            for (state, reason), k in template.events.items():
+                states[state] += n * k
+                if state == State.SUPPRESSED.value and reason is not None:
+                    suppressed[reason] += n * k
+        self.count.add(states, suppressed)
+        self.count(planned_in_full)
 
     def _charge(self, charges: list[CapCharge]) -> Future[list[bool]]:
         """The charges' answers, computed in Redis while the caller goes on."""
@@ -156,6 +226,18 @@ class Planner:
             self._charging = ThreadPoolExecutor(1, thread_name_prefix="plan-caps")
         assert self._charging is not None
         return self._charging.submit(self._caps.charge, charges)
+
+
+@dataclass(slots=True)
+class _Plan:
+    """One user of a batch: planned in full (`decisions`; `records` when built early, to learn
+    a template from them) or from a `template`."""
+
+    request: PlanRequest
+    view: UserView
+    decisions: list[Decision] | None
+    template: Template | None
+    records: list[Any] | None
 
 
 def _code(exc: HeraldError) -> str:

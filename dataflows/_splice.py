@@ -38,6 +38,7 @@ class SpliceEncoder:
             raise ValueError(f"not fields of {schema['name']}: {unknown}")
         self.varying = tuple(name for name, _w, _d in self.fields if name in varying)
         self._plan = tuple((name, w) for name, w, _d in self.fields if name in varying)
+        self.writers = tuple(w for _name, w in self._plan)  # of the varying fields, in order
 
     def segments(self, prototype: Mapping[str, Any]) -> tuple[bytes, ...]:
         """The encoded constant fields: one segment before, between and after the varying ones."""

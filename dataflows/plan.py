@@ -193,10 +193,11 @@ def build_flow(
     # (shard, UserTasks | TableChanges)
     planned = op.stateful_batch("users", merged, partial(UserShardLogic, parts))
     # (shard, Planned)
+    encoder = Encoder(settings, p.registry, JOB)
+    count = CountOutputs(JOB, dead_letters=False)
     steps = (
-        Planner(p.catalog, settings, p.clock),  # -> Output(topic, delivery_id, value) | letter
-        CountOutputs(JOB, dead_letters=False),  # the same items, counted
-        Encoder(settings, p.registry, JOB),  # -> KafkaRecord | dead_letter dict
+        Planner(p.catalog, settings, p.clock, encoder, count),  # -> Output | KafkaRecord | letter
+        encoder,  # -> KafkaRecord | dead_letter dict
         batch_records,  # -> one RecordBatch (the chunk's records) | dead_letter dict
     )
     records = op.flat_map_batch("plan", planned, partial(_chain, steps))

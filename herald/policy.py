@@ -78,6 +78,16 @@ class Preferences:
     timezone: str | None = None
     locale: str | None = None
     version: int = 0
+    # Every field `decide` and the plan job read (all but user_id and version): users with the
+    # same key are planned alike (dataflows/_classes.py). Made once per preferences record.
+    policy_key: tuple[Any, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        key = (
+            self.global_opt_out, self.category_opt_out, self.channel_opt_out,
+            self.category_channel_opt_out, self.quiet_hours, self.timezone, self.locale,
+        )  # fmt: skip
+        object.__setattr__(self, "policy_key", key)
 
     @classmethod
     def from_record(cls, rec: Mapping[str, Any]) -> Preferences:
@@ -130,6 +140,15 @@ class ContactPoints:
     email_verified: bool = False
     version: int = 0
     disabled: frozenset[str] = frozenset()  # "phone"/"email" a provider reported dead
+    # What `decide` reads besides the endpoints' values and device ids: users with the same key
+    # get the same decisions for other addresses (dataflows/_classes.py).
+    policy_key: tuple[Any, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        devices = tuple([(d.valid, d.platform, d.app_id) for d in self.devices])
+        key = (devices, bool(self.phone), self.phone_verified, bool(self.email),
+               self.email_verified, self.disabled)  # fmt: skip
+        object.__setattr__(self, "policy_key", key)
 
     @classmethod
     def from_record(cls, rec: Mapping[str, Any]) -> ContactPoints:

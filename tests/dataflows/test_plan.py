@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import redis
 from bytewax.testing import run_main
+from prometheus_client import REGISTRY
 
 from dataflows._settings import PlanningSettings
 from dataflows.plan import build_flow
@@ -163,22 +164,47 @@ def test_quiet_hours_in_user_zones_with_dst(settings: HeraldSettings) -> None:
     assert client.get(cap_key(ny, "marketing", date(2026, 3, 8))) == b"1"  # NY's local day
 
 
+def counted() -> Counter[str]:
+    """The plan jobs' PLANNED and SUPPRESSED events and frequency-cap suppressions so far in
+    this process (prometheus_client's default registry)."""
+    sample = REGISTRY.get_sample_value
+    values = {
+        "PLANNED": sample("herald_events_total", {"job": "plan", "state": "PLANNED"}),
+        "SUPPRESSED": sample("herald_events_total", {"job": "plan", "state": "SUPPRESSED"}),
+        "frequency_cap": sample(
+            "herald_suppressed_total", {"job": "plan", "reason": "frequency_cap"}
+        ),
+    }
+    return Counter({k: int(v or 0) for k, v in values.items()})
+
+
 def test_frequency_cap_and_duplicate_requests(settings: HeraldSettings) -> None:
-    """Marketing 3/day: the 4th is suppressed; a second copy of a request is dropped."""
+    """Marketing 3/day: the 4th is suppressed; a second copy of a request is dropped. Users
+    planned alike (the same class: dataflows/_classes.py) are refused one by one."""
     p = settings.kafka.topic_prefix
-    user = f"{p}capped"
-    send(settings, "herald.devices", [contacts(user)], "user_id")
+    users = [f"{p}capped{i}" for i in range(6)]
+    send(settings, "herald.devices", [contacts(u) for u in users], "user_id")
     nids = [f"{p}c{i}" for i in range(4)]
-    requests = [request(n, "marketing_campaign", users=[user], params=CAMPAIGN) for n in nids]
+    requests = [request(n, "marketing_campaign", users=users, params=CAMPAIGN) for n in nids]
     send(settings, "herald.requests.bulk", [*requests, requests[0]], "notification_id")
+    before = counted()
 
     run_bounded(settings)
 
-    events = [e for e in read(settings, EVENTS) if e["user_id"] == user]
-    per_notification = Counter(e["notification_id"] for e in events)
-    assert per_notification == {n: 2 for n in nids}  # push + email each, the copy planned nothing
-    outcomes = Counter((e["state"], e["reason"]) for e in events)
-    assert outcomes == {("PLANNED", None): 6, ("SUPPRESSED", "frequency_cap"): 2}
+    # the events counted in the job's metrics, templated users included
+    assert counted() - before == Counter({"PLANNED": 36, "SUPPRESSED": 12, "frequency_cap": 12})
+    events = [e for e in read(settings, EVENTS) if e["user_id"] in users]
+    per_pair = Counter((e["user_id"], e["notification_id"]) for e in events)
+    # push + email each, the copy planned nothing
+    assert per_pair == {(u, n): 2 for u in users for n in nids}
+    for user in users:
+        outcomes = Counter((e["state"], e["reason"]) for e in events if e["user_id"] == user)
+        assert outcomes == {("PLANNED", None): 6, ("SUPPRESSED", "frequency_cap"): 2}, user
+    deliveries = [d for d in read(settings, "herald.deliveries.push.bulk") if d["user_id"] in users]
+    assert sorted((d["user_id"], d["address"]) for d in deliveries) == sorted(
+        (u, f"tok-{u}-0") for u in users for _ in range(3)
+    )
     client = redis.Redis.from_url(settings.redis.url)
-    key = cap_key(user, "marketing", datetime.now(UTC).date())
-    assert client.get(key) == b"3" and 0 < client.ttl(key) <= 25 * 3600
+    for user in users:
+        key = cap_key(user, "marketing", datetime.now(UTC).date())
+        assert client.get(key) == b"3" and 0 < client.ttl(key) <= 25 * 3600

@@ -27,7 +27,7 @@ import argparse
 import random
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -113,6 +113,11 @@ class _NoopPlanner:
         kafka = settings.kafka
         self.deliveries = [kafka.topic(t) for t in OUTPUTS[:2]]
         self.events = kafka.topic(EVENTS)
+
+    def start(self, batch: list[tuple[str, Any]]) -> Callable[[], list[KafkaRecord]]:
+        """As `Planner.start`: the records, given by the returned call."""
+        records = self(batch)
+        return lambda: records
 
     def __call__(self, batch: list[tuple[str, Any]]) -> list[KafkaRecord]:
         out: list[KafkaRecord] = []

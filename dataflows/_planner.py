@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -128,11 +128,17 @@ class Planner:
 
     def __call__(self, batch: list[tuple[str, Planned]]) -> list[Any]:
         """Outputs (or KafkaRecords) of every user of every item of the batch."""
+        return self.start(batch)()
+
+    def start(self, batch: list[tuple[str, Planned]]) -> Callable[[], list[Any]]:
+        """Plan `batch` and build its records; the returned call waits for the cap charges'
+        answers and gives the records. The plan job starts the next chunk before it finishes
+        this one, so Redis answers while this process works (dataflows/plan.py `_chain`)."""
         if self._copies is None:
             self._copies = ApiCopies(redis_client(self.settings.redis))
         batch = self._copies.fresh(batch)
         now = self.clock.now()
-        out: list[Any] = []
+        letters: list[Any] = []
         plans: list[_Plan] = []
         charges: list[tuple[int, CapCharge]] = []
         days = CapDays(now)
@@ -148,7 +154,8 @@ class Planner:
                     try:
                         decisions = plan_user(self.catalog, request, view, now)
                     except HeraldError as exc:  # a bad value in this user's state
-                        out.append(_user_letter(request, view.user_id, None, _code(exc), str(exc)))
+                        code = _code(exc)
+                        letters.append(_user_letter(request, view.user_id, None, code, str(exc)))
                         continue
                     bucket = cap_charge(self.catalog, request, view, decisions, now, days)
                     plan = _Plan(request, view, decisions, None, None)
@@ -162,13 +169,18 @@ class Planner:
                 plans.append(plan)
         allowed = self._charge([c for _i, c in charges])
         per_user = [self._build(plan, now) for plan in plans]
-        for (index, _charge), ok in zip(charges, allowed.result(), strict=True):
-            if not ok:
-                per_user[index] = self._refused(plans[index], now)
-        self._count(plans, per_user)
-        for records in per_user:
-            out.extend(records)
-        return out
+
+        def finish() -> list[Any]:
+            for (index, _charge), ok in zip(charges, allowed.result(), strict=True):
+                if not ok:
+                    per_user[index] = self._refused(plans[index], now)
+            self._count(plans, per_user)
+            out = letters
+            for records in per_user:
+                out.extend(records)
+            return out
+
+        return finish
 
     def _build(self, plan: _Plan, now: datetime) -> list[Any]:
         if plan.records is not None:

@@ -83,10 +83,14 @@ def _is_records(item: Any) -> TypeGuard[RecordBatch]:
 CHUNK_USERS = 2000
 
 
-def _chain(steps: tuple[Callable[[list[Any]], list[Any]], ...], batch: list[Any]) -> list[Any]:
-    """Batch steps applied in order within one Bytewax step: the items of a campaign cross the
-    Python/Rust boundary once instead of once per step (about half the plan job's per-record
-    dataflow overhead).
+def _chain(
+    start: Callable[[list[Any]], Callable[[], list[Any]]],
+    steps: tuple[Callable[[list[Any]], list[Any]], ...],
+    batch: list[Any],
+) -> list[Any]:
+    """The planner (`start`, see `Planner.start`) and then batch `steps` applied in order within
+    one Bytewax step: the items of a campaign cross the Python/Rust boundary once instead of
+    once per step (about half the plan job's per-record dataflow overhead).
 
     A batch can hold a whole campaign burst (100k users in the benchmark); the steps run on
     chunks of about `CHUNK_USERS` users, so each chunk's intermediate objects (decisions, cap
@@ -94,13 +98,25 @@ def _chain(steps: tuple[Callable[[list[Any]], list[Any]], ...], batch: list[Any]
     garbage collector again and again (it took 15% of the job's time on that burst). The
     items come in shard order, a request's users spread over every shard; a chunk takes them
     request by request, so the users of a request are planned together and share their
-    records' prototypes (herald.plan_records.Prototypes)."""
+    records' prototypes (herald.plan_records.Prototypes) and templates (dataflows/_classes.py).
+    A chunk is finished (its cap charges' answers awaited) after the next one is planned, so
+    Redis answers while this process plans: waiting for them took 10% of a campaign's time."""
     out: list[Any] = []
+    pending: Callable[[], list[Any]] | None = None
     for chunk in _chunks(batch):
-        for step in steps:
-            chunk = step(chunk)
-        out.extend(chunk)
+        started = start(chunk)
+        if pending is not None:
+            out.extend(_steps(steps, pending()))
+        pending = started
+    if pending is not None:
+        out.extend(_steps(steps, pending()))
     return out
+
+
+def _steps(steps: tuple[Callable[[list[Any]], list[Any]], ...], items: list[Any]) -> list[Any]:
+    for step in steps:
+        items = step(items)
+    return items
 
 
 def _chunks(batch: list[tuple[str, Planned]]) -> Iterator[list[tuple[str, Planned]]]:
@@ -195,12 +211,13 @@ def build_flow(
     # (shard, Planned)
     encoder = Encoder(settings, p.registry, JOB)
     count = CountOutputs(JOB, dead_letters=False)
+    planner = Planner(p.catalog, settings, p.clock, encoder, count)
+    # -> Output | KafkaRecord | dead_letter dict
     steps = (
-        Planner(p.catalog, settings, p.clock, encoder, count),  # -> Output | KafkaRecord | letter
         encoder,  # -> KafkaRecord | dead_letter dict
         batch_records,  # -> one RecordBatch (the chunk's records) | dead_letter dict
     )
-    records = op.flat_map_batch("plan", planned, partial(_chain, steps))
+    records = op.flat_map_batch("plan", planned, partial(_chain, planner.start, steps))
     # RecordBatch | dead_letter dict
     encoded = op.branch("split_records", records, _is_records)
     falses = (cast(Stream[DeadLetter], s.falses) for s in (split, updates, encoded))

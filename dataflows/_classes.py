@@ -12,7 +12,7 @@ planner (dataflows/_planner.py) plans users in full until a class has a second u
     template = classes.get(request, view)       Template, or None: plan this user in full
     classes.learn(request, view, bucket, records)  after planning a user in full
     template.records(view)                      the user's KafkaRecords
-    template.bucket(view)                       the user's frequency-cap bucket, or None
+    template.charge(view)                       the user's frequency-cap charge, or None
 
 A class seen once costs a lookup: users that share nothing with others are not slowed down by
 derivations that would never pay off.
@@ -29,15 +29,24 @@ byte for byte those of the full path.
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, cast
 
 from dataflows._encode import Encoder
-from herald.caps import CapBucket, cap_key
+from dataflows._redis import CapCharge
+from herald.caps import CapBucket, cap_key, user_tag
 from herald.plan_records import EVENTS_TOPIC, Output
 from herald.planning import PlanRequest, UserView
-from herald.planning_ids import PlanIds
+from herald.planning_ids import (
+    PlanIds,
+    delivery_id_of,
+    delivery_prefix,
+    event_id_of,
+    event_tail,
+    part,
+)
 from herald.policy import ContactPoints
 from schemas.avro_writer import Writer
 from sinks.kafka import KafkaRecord
@@ -46,8 +55,7 @@ __all__ = ["Classes", "Template", "endpoints"]
 
 DELIVERY_VARYING = ("delivery_id", "user_id", "address")
 EVENT_VARYING = ("event_id", "delivery_id", "user_id")
-_PREVIOUS = -1  # an event's delivery id: the record before it (its Delivery)
-_DEVICELESS = -2  # an event's delivery id: the channel's id without a device (suppressed)
+log = logging.getLogger(__name__)
 
 
 def endpoints(contacts: ContactPoints, channel: str) -> list[tuple[str, str | None]]:
@@ -62,19 +70,41 @@ def endpoints(contacts: ContactPoints, channel: str) -> list[tuple[str, str | No
     return [(contacts.user_id, None)]  # inapp
 
 
-class _Slot(NamedTuple):
-    topic: str  # physical
-    segments: tuple[bytes, ...]
-    writers: tuple[Writer, ...]
-    channel: str
-    source: int  # delivery: endpoint index; event: _PREVIOUS, _DEVICELESS or an endpoint index
-    state: str | None  # an event's state; None = a Delivery
+Endpoint = Callable[[ContactPoints], tuple[str, str | None]]
+
+
+def _endpoint(channel: str, index: int) -> Endpoint:
+    """`endpoints(contacts, channel)[index]`, as a function of the contacts."""
+    if channel == "push":
+
+        def device(contacts: ContactPoints) -> tuple[str, str | None]:
+            d = [d for d in contacts.devices if d.valid][index]
+            return d.token, d.device_id
+
+        return device
+    if channel == "sms":
+        return lambda contacts: (cast(str, contacts.phone), None)
+    if channel == "email":
+        return lambda contacts: (cast(str, contacts.email), None)
+    return lambda contacts: (contacts.user_id, None)
+
+
+# Slot kinds. A slot: (kind, physical topic, s0, s1, s2, s3, x, channel part, address writer);
+# x is the endpoint (a Delivery) or the event's `event_tail` (an event).
+_DELIVERY, _EVENT, _OWN_EVENT = "delivery", "event", "own_event"
+# _EVENT follows its Delivery (same delivery id); _OWN_EVENT has the channel's device-less id
+# (a suppressed channel).
+_Slot = tuple[str, str, bytes, bytes, bytes, bytes, Any, str, Writer | None]
 
 
 class Template:
-    """The records and cap bucket of every user of one class (see the module docstring)."""
+    """The records and cap charge of every user of one class (see the module docstring).
 
-    __slots__ = ("notification_id", "slots", "events", "_bucket", "_ids")
+    A Delivery is `s0 + delivery_id + s1 + user_id + s2 + address + s3`, an event
+    `s0 + event_id + s1 + delivery_id + s2 + user_id + s3` (each field Avro-encoded; the ids
+    always have 36 characters, so their length prefixes are constant and end s0 and s1)."""
+
+    __slots__ = ("notification_id", "slots", "events", "_charge", "_prefix", "_user")
 
     def __init__(
         self,
@@ -82,39 +112,51 @@ class Template:
         slots: tuple[_Slot, ...],
         events: Counter[tuple[str, str | None]],
         bucket: CapBucket | None,
-        ids: PlanIds,
+        user: Writer,
     ) -> None:
         self.notification_id = notification_id
         self.slots = slots
         self.events = events  # (state, reason) -> events a user of the class gets
-        self._bucket = bucket
-        self._ids = ids
+        # the counter's and the marker's keys after the user's hash tag, limit, TTL
+        self._charge = None if bucket is None else (
+            f":{bucket.bucket}:{bucket.local_date.isoformat()}",
+            f":{bucket.bucket}:{bucket.local_date}:{notification_id}",
+            bucket.daily_limit, bucket.ttl_seconds,
+        )  # fmt: skip
+        self._prefix = delivery_prefix(notification_id)
+        self._user = user  # the user_id writer
 
-    def bucket(self, view: UserView) -> CapBucket | None:
-        """The frequency-cap bucket `view`'s records are charged to; None = not capped."""
-        b = self._bucket
-        if b is None:
+    def charge(self, view: UserView) -> CapCharge | None:
+        """The frequency-cap charge of `view`'s records; None = not capped."""
+        if self._charge is None:
             return None
-        key = cap_key(view.user_id, b.bucket, b.local_date)
-        return CapBucket(key, b.bucket, b.daily_limit, b.local_date, b.ttl_seconds)
+        tag = user_tag(view.user_id)
+        key, marker, limit, ttl = self._charge
+        return CapCharge("cap:" + tag + key, "capm:" + tag + marker, limit, ttl)
 
     def records(self, view: UserView) -> list[KafkaRecord]:
         """`view`'s records, encoded: those the full path gives this user."""
-        nid, uid, contacts, made = self.notification_id, view.user_id, view.contacts, self._ids
+        uid, contacts, prefix = view.user_id, view.contacts, self._prefix
+        user = f"{len(uid)}:{uid}"  # the user's part of the delivery ids
+        u = self._user(uid)
+        join, new = b"".join, tuple.__new__
         out: list[KafkaRecord] = []
-        did = ""
-        for topic, (s0, s1, s2, s3), (w0, w1, w2), channel, source, state in self.slots:
-            if state is None:
-                value, device = endpoints(contacts, channel)[source]
-                did = made.delivery(nid, uid, channel, device)
-                data = b"".join((s0, w0(did), s1, w1(uid), s2, w2(value), s3))
+        did, d = "", b""
+        for kind, topic, s0, s1, s2, s3, x, channel, address in self.slots:
+            if kind is _DELIVERY:
+                value, device = x(contacts)
+                rest = (
+                    user + channel if device is None else f"{user}{channel}{len(device)}:{device}"
+                )
+                did = delivery_id_of(prefix, rest)
+                d = did.encode()
+                data = join((s0, d, s1, u, s2, address(value), s3))  # type: ignore[misc]
             else:
-                if source == _DEVICELESS:
-                    did = made.delivery(nid, uid, channel)
-                elif source != _PREVIOUS:
-                    did = made.delivery(nid, uid, channel, endpoints(contacts, channel)[source][1])
-                data = b"".join((s0, w0(made.event(did, state)), s1, w1(did), s2, w2(uid), s3))
-            out.append(KafkaRecord(topic, did, data))
+                if kind is _OWN_EVENT:
+                    did = delivery_id_of(prefix, user + channel)
+                    d = did.encode()
+                data = join((s0, event_id_of(d, x).encode(), s1, d, s2, u, s3))
+            out.append(new(KafkaRecord, (topic, did, data)))
         return out
 
 
@@ -172,50 +214,69 @@ def _derive(
     outputs: list[Any],
     bucket: CapBucket | None,
 ) -> Template | None:
-    """The template of `view`'s records, or None if one of them does not map exactly."""
+    """The template of `view`'s records, or None if one of them does not map exactly. A
+    template is kept only if it gives `view` the very records the full path gave it."""
     nid, uid = request.notification_id, view.user_id
-    if bucket is not None and bucket.key != cap_key(uid, bucket.bucket, bucket.local_date):
-        return None
+    if bucket is not None and (
+        bucket.key != cap_key(uid, bucket.bucket, bucket.local_date)
+        or bucket.key != f"cap:{user_tag(uid)}:{bucket.bucket}:{bucket.local_date.isoformat()}"
+    ):
+        return None  # Template.charge makes the key so
     slots: list[_Slot] = []
     events: Counter[tuple[str, str | None]] = Counter()
+    user: Writer | None = None
     previous: str | None = None
     for item in outputs:
         if type(item) is not Output or item.value.get("user_id") != uid:
             return None
         splice = encoder.splice_parts(item)
-        if splice is None:
+        if splice is None or len(splice.segments) != 4:
             return None
-        value = item.value
+        value, (s0, s1, s2, s3) = item.value, splice.segments
         channel = value["channel"]
-        ends = endpoints(view.contacts, channel)
-        ids = {made.delivery(nid, uid, channel, device): i for i, (_v, device) in enumerate(ends)}
-        if len(ids) != len(ends):
-            return None  # two endpoints with one id
-        state: str | None = None
         if item.topic == EVENTS_TOPIC:
             if splice.varying != EVENT_VARYING:
                 return None
-            state = value["state"]
-            if value["delivery_id"] != item.key or value["event_id"] != made.event(item.key, state):
-                return None
+            (eid, did, user), state = splice.writers, value["state"]
             if item.key == previous:
-                source = _PREVIOUS
+                kind = _EVENT
             elif item.key == made.delivery(nid, uid, channel):
-                source = _DEVICELESS
-            elif item.key in ids:
-                source = ids[item.key]
+                kind = _OWN_EVENT
             else:
                 return None
+            lengths = _id_prefix(eid), _id_prefix(did)
+            if lengths[0] is None or lengths[1] is None:
+                return None
+            slots.append((kind, splice.topic, s0 + lengths[0], s1 + lengths[1], s2, s3,
+                          event_tail(state), part(channel), None))  # fmt: skip
             events[(state, value["reason"])] += 1
         else:
-            found = ids.get(item.key)
-            if splice.varying != DELIVERY_VARYING or found is None:
+            if splice.varying != DELIVERY_VARYING:
                 return None
-            if value["delivery_id"] != item.key or value["address"] != ends[found][0]:
+            did, user, address = splice.writers
+            ends = endpoints(view.contacts, channel)
+            index = [i for i, (_v, dev) in enumerate(ends) if made.delivery(nid, uid, channel, dev)
+                     == item.key]  # fmt: skip
+            length = _id_prefix(did)
+            if len(index) != 1 or length is None:
                 return None
-            source = found
-        if len(splice.segments) != 4:
-            return None
-        slots.append(_Slot(splice.topic, splice.segments, splice.writers, channel, source, state))
+            slots.append((_DELIVERY, splice.topic, s0 + length, s1, s2, s3,
+                          _endpoint(channel, index[0]), part(channel), address))  # fmt: skip
         previous = item.key
-    return Template(nid, tuple(slots), events, bucket, made)
+    template = Template(nid, tuple(slots), events, bucket, user or _no_user)
+    if template.records(view) != encoder(outputs):
+        log.error("plan.template_mismatch notification_id=%s", nid)
+        return None
+    return template
+
+
+def _id_prefix(writer: Writer) -> bytes | None:
+    """What `writer` puts before the characters of a 36-character id (its length, and its
+    union branch if any), or None if that is not the same for every such id."""
+    a, b = writer("0" * 36), writer("f" * 36)
+    prefix = a[:-36]
+    return prefix if a == prefix + b"0" * 36 and b == prefix + b"f" * 36 else None
+
+
+def _no_user(_user_id: str) -> bytes:
+    return b""  # a template without records (a user with nothing to send) writes no user_id

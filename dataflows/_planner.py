@@ -145,11 +145,12 @@ class Planner:
         classes = Classes(self.encoder, self.renderer.ids)
         for _shard, planned in batch:
             request = planned.request
+            nid = request.notification_id
             for view in planned.users:
                 template = classes.get(request, view)
                 if template is not None:
                     plan = _Plan(request, view, None, template, None)
-                    bucket = template.bucket(view)
+                    charge = template.charge(view)
                 else:
                     try:
                         decisions = plan_user(self.catalog, request, view, now)
@@ -162,10 +163,9 @@ class Planner:
                     plan.records = classes.learn(
                         request, view, bucket, partial(self._records, plan, now)
                     )
-                if bucket is not None:
-                    charges.append(
-                        (len(plans), CapCharge(bucket, view.user_id, request.notification_id))
-                    )
+                    charge = None if bucket is None else CapCharge.of(bucket, view.user_id, nid)
+                if charge is not None:
+                    charges.append((len(plans), charge))
                 plans.append(plan)
         allowed = self._charge([c for _i, c in charges])
         per_user = [self._build(plan, now) for plan in plans]

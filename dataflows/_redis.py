@@ -26,9 +26,9 @@ of the cap work.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from math import ceil
+from typing import NamedTuple
 
 import redis
 
@@ -36,7 +36,7 @@ from herald.caps import CapBucket, user_tag
 from herald.config import RedisSettings
 from herald.planning import PlanRequest
 
-__all__ = ["CapCharge", "CapCounter", "RequestGate", "redis_client"]
+__all__ = ["CapCharge", "CapCounter", "RequestGate", "marker_key", "redis_client"]
 
 _GATE_SCRIPT = """
 -- KEYS[1] = dedup key; ARGV[1] = origin; ARGV[2] = TTL seconds. 1 = admit, 0 = duplicate.
@@ -116,18 +116,27 @@ class RequestGate:
         return [bool(r) for r in pipe.execute()]
 
 
-@dataclass(frozen=True, slots=True)
-class CapCharge:
-    """Charge `bucket` once for `notification_id` (the user is the bucket key's hash tag)."""
+class CapCharge(NamedTuple):
+    """Charge counter `key` once per `marker` (one per user x bucket x notification), up to
+    `daily_limit`; both keys expire after `ttl_seconds`. A NamedTuple made by `of` (or, for
+    users planned alike, from a template's key parts: dataflows/_classes.py)."""
 
-    bucket: CapBucket
-    user_id: str
-    notification_id: str
+    key: str
+    marker: str
+    daily_limit: int
+    ttl_seconds: int
 
-    def marker(self) -> str:
-        """The marker key: same hash slot as the counter."""
-        b = self.bucket
-        return f"capm:{user_tag(self.user_id)}:{b.bucket}:{b.local_date}:{self.notification_id}"
+    @classmethod
+    def of(cls, bucket: CapBucket, user_id: str, notification_id: str) -> CapCharge:
+        """Charge `bucket` once for `notification_id` (the user is the bucket key's hash tag)."""
+        return cls(bucket.key, marker_key(bucket, user_id, notification_id), bucket.daily_limit,
+                   bucket.ttl_seconds)  # fmt: skip
+
+
+def marker_key(bucket: CapBucket, user_id: str, notification_id: str) -> str:
+    """The marker of a charge: same hash slot as the counter."""
+    b = bucket
+    return f"capm:{user_tag(user_id)}:{b.bucket}:{b.local_date}:{notification_id}"
 
 
 class CapCounter:
@@ -152,11 +161,10 @@ class CapCounter:
                 keys: list[str] = []
                 args: list[int] = []
                 for c in charges[start : start + _CHUNK]:
-                    keys += (c.bucket.key, c.marker())
-                    args += (c.bucket.daily_limit, c.bucket.ttl_seconds)
+                    keys += (c.key, c.marker)
+                    args += (c.daily_limit, c.ttl_seconds)
                 self._batch(keys=keys, args=args, client=pipe)
             return [bool(r) for chunk in pipe.execute() for r in chunk]
         for c in charges:
-            keys = [c.bucket.key, c.marker()]
-            self._script(keys=keys, args=[c.bucket.daily_limit, c.bucket.ttl_seconds], client=pipe)
+            self._script(keys=[c.key, c.marker], args=[c.daily_limit, c.ttl_seconds], client=pipe)
         return [bool(r) for r in pipe.execute()]

@@ -17,6 +17,8 @@ import pytest
 
 from dataflows._classes import Classes, Template, endpoints
 from dataflows._encode import Encoder
+from dataflows._redis import CapCharge
+from herald.caps import CapBucket
 from herald.catalog import load_catalog
 from herald.config import HeraldSettings, RegistrySettings
 from herald.plan_records import CapDays, Output, Renderer, cap_charge, plan_user, user_records
@@ -30,6 +32,7 @@ CATALOG = load_catalog()
 NOW = datetime(2026, 3, 8, 6, 30, tzinfo=UTC)  # 01:30 in New York: inside 22:00-08:00
 CAMPAIGN = {"headline": "Sale", "offer": "20% off", "cta_url": "https://x.test"}
 PAYMENT = {"amount": "9.99", "currency": "CHF", "status": "ok", "order_id": "o-1"}
+CAPPED = {"marketing_campaign"}  # of REQUESTS' types (inbox_announcement: cap_bucket none)
 ZONES = [None, "America/New_York", "Asia/Kolkata", "Australia/Lord_Howe"]
 
 
@@ -114,15 +117,21 @@ def full(encoder: Encoder, renderer: Renderer, req: PlanRequest, view: UserView)
     return [outputs, cap_charge(CATALOG, req, view, decisions, NOW, CapDays(NOW))]
 
 
+def charge_of(req: PlanRequest, bucket: CapBucket | None, view: UserView) -> CapCharge | None:
+    return None if bucket is None else CapCharge.of(bucket, view.user_id, req.notification_id)
+
+
 def encoded(encoder: Encoder, outputs: list[Any]) -> list[KafkaRecord]:
     records = encoder(outputs)
     assert all(type(r) is KafkaRecord for r in records)
     return records
 
 
-def test_template_records_and_buckets_are_the_full_paths(encoder: Encoder) -> None:
+def test_template_records_and_charges_are_the_full_paths(encoder: Encoder) -> None:
     users = population(600)
     templated: Counter[str] = Counter()
+    charged: set[str] = set()
+    devices: set[int] = set()  # push Deliveries of templated users
     for req in REQUESTS:
         expected_renderer, renderer = Renderer(CATALOG), Renderer(CATALOG)
         classes = Classes(encoder, renderer.ids)
@@ -135,14 +144,20 @@ def test_template_records_and_buckets_are_the_full_paths(encoder: Encoder) -> No
                 learned = classes.learn(req, view, got_bucket, lambda o=got_outputs: o)
                 assert learned is None or learned == got_outputs
                 got = encoded(encoder, got_outputs)
+                got_charge = charge_of(req, got_bucket, view)
             else:
-                got, got_bucket = template.records(view), template.bucket(view)
+                got, got_charge = template.records(view), template.charge(view)
                 templated[req.notification_type] += 1
+                devices.add(sum(1 for r in got if r.topic.startswith("herald.deliveries.push")))
             assert got == expected, (req.notification_id, view)
-            assert got_bucket == bucket
+            assert got_charge == charge_of(req, bucket, view)
+            if got_charge is not None:
+                charged.add(req.notification_type)
     # every request had most of its users made from templates
     assert set(templated) == {r.notification_type for r in REQUESTS}
     assert min(templated.values()) > 300, templated
+    assert charged == CAPPED
+    assert devices == {0, 1, 2}
 
 
 def test_template_counts_its_events(encoder: Encoder) -> None:
@@ -175,14 +190,14 @@ def test_users_with_their_own_params_are_never_templated(encoder: Encoder) -> No
     assert classes.learn(req, personal, None, list) is None
 
 
-def test_a_class_is_derived_at_its_second_user_and_only_then() -> None:
+def test_a_class_is_derived_at_its_second_user_and_only_then(encoder: Encoder) -> None:
     calls: list[str] = []
 
     def records() -> list[Any]:
         calls.append("made")
         return []  # no records: a template of nothing (a user with nothing to send)
 
-    classes = Classes(encoder=None, ids=Renderer(CATALOG).ids)  # type: ignore[arg-type]
+    classes = Classes(encoder, Renderer(CATALOG).ids)
     req, view = REQUESTS[0], population(1)[0]
     assert classes.learn(req, view, None, records) is None
     assert calls == [] and classes.get(req, view) is None

@@ -51,7 +51,7 @@ def test_cap_counts_each_notification_once_up_to_the_limit(stack: RunningStack) 
     user = f"u-{uuid.uuid4()}"
     key = cap_key(user, "marketing", date(2026, 3, 8))
     bucket = CapBucket(key, "marketing", 3, date(2026, 3, 8), 3600)
-    charges = [CapCharge(bucket, user, f"n{i}") for i in range(5)]
+    charges = [CapCharge.of(bucket, user, f"n{i}") for i in range(5)]
     assert caps.charge(charges[:2]) == [True, True]
     assert caps.charge(charges[:2]) == [True, True]  # replays: allowed, not counted again
     assert caps.charge(charges[2:]) == [True, False, False]
@@ -67,8 +67,8 @@ def test_cap_charges_of_a_large_batch_span_script_chunks(stack: RunningStack) ->
                   date(2026, 3, 8), 3600)
         for i in range(600)
     ]  # fmt: skip
-    first = [CapCharge(b, f"{run}-{i}", "n1") for i, b in enumerate(buckets)]
-    second = [CapCharge(b, f"{run}-{i}", "n2") for i, b in enumerate(buckets)]
+    first = [CapCharge.of(b, f"{run}-{i}", "n1") for i, b in enumerate(buckets)]
+    second = [CapCharge.of(b, f"{run}-{i}", "n2") for i, b in enumerate(buckets)]
     assert caps.charge(first + first) == [True] * 1200  # each counted once, replays allowed
     assert caps.charge(second) == [False] * 600  # limit 1 reached for every user
     assert {client.get(b.key) for b in buckets} == {b"1"}

@@ -15,3 +15,4 @@ def test_plan_ids_equal_herald_ids() -> None:
                 assert did == ids.delivery_id(nid, user, channel, device)
                 for state in ("PLANNED", "SUPPRESSED", "SCHEDULED"):
                     assert made.event(did, state) == ids.event_id(did, state, 0)
+    assert made.event("not-a-uuid", "PLANNED") == ids.event_id("not-a-uuid", "PLANNED", 0)

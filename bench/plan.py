@@ -28,6 +28,7 @@ import random
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -114,9 +115,15 @@ class _NoopPlanner:
         self.deliveries = [kafka.topic(t) for t in OUTPUTS[:2]]
         self.events = kafka.topic(EVENTS)
 
-    def start(self, batch: list[tuple[str, Any]]) -> Callable[[], list[KafkaRecord]]:
+    def fetch(self, batch: list[tuple[str, Any]]) -> Future[list[tuple[str, Any]]]:
+        """As `Planner.fetch`, without the API's copies (there are none)."""
+        fetched: Future[list[tuple[str, Any]]] = Future()
+        fetched.set_result(batch)
+        return fetched
+
+    def start(self, fetched: Future[list[tuple[str, Any]]]) -> Callable[[], list[KafkaRecord]]:
         """As `Planner.start`: the records, given by the returned call."""
-        records = self(batch)
+        records = self(fetched.result())
         return lambda: records
 
     def __call__(self, batch: list[tuple[str, Any]]) -> list[KafkaRecord]:

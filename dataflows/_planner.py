@@ -124,19 +124,25 @@ class Planner:
         self.renderer = Renderer(catalog)
         self._caps: CapCounter | None = None
         self._copies: ApiCopies | None = None
-        self._charging: ThreadPoolExecutor | None = None
+        self._redis_thread: ThreadPoolExecutor | None = None
 
     def __call__(self, batch: list[tuple[str, Planned]]) -> list[Any]:
         """Outputs (or KafkaRecords) of every user of every item of the batch."""
-        return self.start(batch)()
+        return self.start(self.fetch(batch))()
 
-    def start(self, batch: list[tuple[str, Planned]]) -> Callable[[], list[Any]]:
-        """Plan `batch` and build its records; the returned call waits for the cap charges'
-        answers and gives the records. The plan job starts the next chunk before it finishes
-        this one, so Redis answers while this process works (dataflows/plan.py `_chain`)."""
+    def fetch(self, batch: list[tuple[str, Planned]]) -> Future[list[tuple[str, Planned]]]:
+        """`batch` with the API's newer copies of its users' state, read on the helper thread
+        while the caller goes on (dataflows/plan.py `_chain` fetches the next chunk's while
+        it plans this one)."""
         if self._copies is None:
             self._copies = ApiCopies(redis_client(self.settings.redis))
-        batch = self._copies.fresh(batch)
+        return self._helper().submit(self._copies.fresh, batch)
+
+    def start(self, fetched: Future[list[tuple[str, Planned]]]) -> Callable[[], list[Any]]:
+        """Plan a fetched batch and build its records; the returned call waits for the cap
+        charges' answers and gives the records. The plan job starts the next chunk before it
+        finishes this one, so Redis answers while this process works."""
+        batch = fetched.result()
         now = self.clock.now()
         letters: list[Any] = []
         plans: list[_Plan] = []
@@ -235,9 +241,13 @@ class Planner:
             return done
         if self._caps is None:
             self._caps = CapCounter(redis_client(self.settings.redis))
-            self._charging = ThreadPoolExecutor(1, thread_name_prefix="plan-caps")
-        assert self._charging is not None
-        return self._charging.submit(self._caps.charge, charges)
+        return self._helper().submit(self._caps.charge, charges)
+
+    def _helper(self) -> ThreadPoolExecutor:
+        """The thread that talks to Redis for the batches (in their order)."""
+        if self._redis_thread is None:
+            self._redis_thread = ThreadPoolExecutor(1, thread_name_prefix="plan-redis")
+        return self._redis_thread
 
 
 @dataclass(slots=True)

@@ -84,27 +84,35 @@ CHUNK_USERS = 2000
 
 
 def _chain(
-    start: Callable[[list[Any]], Callable[[], list[Any]]],
+    planner: Planner,
     steps: tuple[Callable[[list[Any]], list[Any]], ...],
     batch: list[Any],
 ) -> list[Any]:
-    """The planner (`start`, see `Planner.start`) and then batch `steps` applied in order within
-    one Bytewax step: the items of a campaign cross the Python/Rust boundary once instead of
-    once per step (about half the plan job's per-record dataflow overhead).
+    """The planner and then batch `steps` applied in order within one Bytewax step: the items
+    of a campaign cross the Python/Rust boundary once instead of once per step (about half the
+    plan job's per-record dataflow overhead).
 
     A batch can hold a whole campaign burst (100k users in the benchmark); the steps run on
     chunks of about `CHUNK_USERS` users, so each chunk's intermediate objects (decisions, cap
-    charges, record dicts) are freed before the next chunk instead of being scanned by the
-    garbage collector again and again (it took 15% of the job's time on that burst). The
-    items come in shard order, a request's users spread over every shard; a chunk takes them
-    request by request, so the users of a request are planned together and share their
-    records' prototypes (herald.plan_records.Prototypes) and templates (dataflows/_classes.py).
-    A chunk is finished (its cap charges' answers awaited) after the next one is planned, so
-    Redis answers while this process plans: waiting for them took 10% of a campaign's time."""
+    charges, records) are freed before the next chunk instead of being scanned by the garbage
+    collector again and again (it took 15% of the job's time on that burst). The items come in
+    shard order, a request's users spread over every shard; a chunk takes them request by
+    request, so the users of a request are planned together and share their records'
+    prototypes (herald.plan_records.Prototypes) and templates (dataflows/_classes.py).
+
+    Redis answers while this process plans: the next chunk's copies of the users' state are
+    fetched while a chunk is planned, and a chunk is finished (its cap charges' answers
+    awaited) after the next one is planned. Waiting for them took 15% of a campaign's time."""
     out: list[Any] = []
+    chunks = iter(_chunks(batch))
+    first = next(chunks, None)
+    fetched = None if first is None else planner.fetch(first)
     pending: Callable[[], list[Any]] | None = None
-    for chunk in _chunks(batch):
-        started = start(chunk)
+    while fetched is not None:
+        current = fetched
+        following = next(chunks, None)
+        fetched = None if following is None else planner.fetch(following)
+        started = planner.start(current)
         if pending is not None:
             out.extend(_steps(steps, pending()))
         pending = started
@@ -217,7 +225,7 @@ def build_flow(
         encoder,  # -> KafkaRecord | dead_letter dict
         batch_records,  # -> one RecordBatch (the chunk's records) | dead_letter dict
     )
-    records = op.flat_map_batch("plan", planned, partial(_chain, planner.start, steps))
+    records = op.flat_map_batch("plan", planned, partial(_chain, planner, steps))
     # RecordBatch | dead_letter dict
     encoded = op.branch("split_records", records, _is_records)
     falses = (cast(Stream[DeadLetter], s.falses) for s in (split, updates, encoded))

@@ -11,8 +11,8 @@ planner (dataflows/_planner.py) plans users in full until a class has a second u
     classes = Classes(encoder, ids)             one per planned batch (one instant)
     template = classes.get(request, view)       Template, or None: plan this user in full
     classes.learn(request, view, bucket, records)  after planning a user in full
-    template.records(view)                      the user's KafkaRecords
-    template.charge(view)                       the user's frequency-cap charge, or None
+    template.records(views)                     the users' KafkaRecords
+    template.charges(views)                     the users' frequency-cap charges, or None
 
 A class seen once costs a lookup: users that share nothing with others are not slowed down by
 derivations that would never pay off.
@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 from dataflows._encode import Encoder
@@ -126,37 +126,44 @@ class Template:
         self._prefix = delivery_prefix(notification_id)
         self._user = user  # the user_id writer
 
-    def charge(self, view: UserView) -> CapCharge | None:
-        """The frequency-cap charge of `view`'s records; None = not capped."""
+    def charges(self, views: Sequence[UserView]) -> list[CapCharge] | None:
+        """The frequency-cap charges of the users' records, in order; None = not capped."""
         if self._charge is None:
             return None
-        tag = user_tag(view.user_id)
         key, marker, limit, ttl = self._charge
-        return CapCharge("cap:" + tag + key, "capm:" + tag + marker, limit, ttl)
+        new = tuple.__new__
+        out: list[CapCharge] = []
+        for view in views:
+            tag = user_tag(view.user_id)
+            out.append(new(CapCharge, ("cap:" + tag + key, "capm:" + tag + marker, limit, ttl)))
+        return out
 
-    def records(self, view: UserView) -> list[KafkaRecord]:
-        """`view`'s records, encoded: those the full path gives this user."""
-        uid, contacts, prefix = view.user_id, view.contacts, self._prefix
-        user = f"{len(uid)}:{uid}"  # the user's part of the delivery ids
-        u = self._user(uid)
+    def records(self, views: Sequence[UserView]) -> list[KafkaRecord]:
+        """The users' records, encoded: those the full path gives them, user by user."""
+        prefix, slots, write_user = self._prefix, self.slots, self._user
         join, new = b"".join, tuple.__new__
         out: list[KafkaRecord] = []
-        did, d = "", b""
-        for kind, topic, s0, s1, s2, s3, x, channel, address in self.slots:
-            if kind is _DELIVERY:
-                value, device = x(contacts)
-                rest = (
-                    user + channel if device is None else f"{user}{channel}{len(device)}:{device}"
-                )
-                did = delivery_id_of(prefix, rest)
-                d = did.encode()
-                data = join((s0, d, s1, u, s2, address(value), s3))  # type: ignore[misc]
-            else:
-                if kind is _OWN_EVENT:
-                    did = delivery_id_of(prefix, user + channel)
+        append = out.append
+        for view in views:
+            uid, contacts = view.user_id, view.contacts
+            user = f"{len(uid)}:{uid}"  # the user's part of the delivery ids
+            u = write_user(uid)
+            did, d = "", b""
+            for kind, topic, s0, s1, s2, s3, x, channel, address in slots:
+                if kind is _DELIVERY:
+                    value, device = x(contacts)
+                    if device is not None:  # push: the device's part
+                        did = delivery_id_of(prefix, f"{user}{channel}{len(device)}:{device}")
+                    else:
+                        did = delivery_id_of(prefix, user + channel)
                     d = did.encode()
-                data = join((s0, event_id_of(d, x).encode(), s1, d, s2, u, s3))
-            out.append(new(KafkaRecord, (topic, did, data)))
+                    data = join((s0, d, s1, u, s2, address(value), s3))  # type: ignore[misc]
+                else:
+                    if kind is _OWN_EVENT:
+                        did = delivery_id_of(prefix, user + channel)
+                        d = did.encode()
+                    data = join((s0, event_id_of(d, x).encode(), s1, d, s2, u, s3))
+                append(new(KafkaRecord, (topic, did, data)))
         return out
 
 
@@ -264,7 +271,7 @@ def _derive(
                           _endpoint(channel, index[0]), part(channel), address))  # fmt: skip
         previous = item.key
     template = Template(nid, tuple(slots), events, bucket, user or _no_user)
-    if template.records(view) != encoder(outputs):
+    if template.records([view]) != encoder(outputs):
         log.error("plan.template_mismatch notification_id=%s", nid)
         return None
     return template

@@ -21,7 +21,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 from dataflows._classes import Classes, Template
 from dataflows._copies import ApiCopies
@@ -139,14 +139,16 @@ class Planner:
         return self._helper().submit(self._copies.fresh, batch)
 
     def start(self, fetched: Future[list[tuple[str, Planned]]]) -> Callable[[], list[Any]]:
-        """Plan a fetched batch and build its records; the returned call waits for the cap
-        charges' answers and gives the records. The plan job starts the next chunk before it
-        finishes this one, so Redis answers while this process works."""
+        """Plan a fetched batch; the returned call waits for the cap charges' answers and gives
+        the records. The plan job starts the next chunk before it finishes this one, so Redis
+        answers while this process works. Users planned from a template are grouped by it and
+        their records made together once the answers are in."""
         batch = fetched.result()
         now = self.clock.now()
         letters: list[Any] = []
-        plans: list[_Plan] = []
-        charges: list[tuple[int, CapCharge]] = []
+        plans: list[_Plan] = []  # users planned in full
+        charged: list[tuple[int, CapCharge]] = []  # (index in plans, charge)
+        groups: dict[Template, _Group] = {}  # users planned from a template
         days = CapDays(now)
         classes = Classes(self.encoder, self.renderer.ids)
         for _shard, planned in batch:
@@ -155,49 +157,61 @@ class Planner:
             for view in planned.users:
                 template = classes.get(request, view)
                 if template is not None:
-                    plan = _Plan(request, view, None, template, None)
-                    charge = template.charge(view)
-                else:
-                    try:
-                        decisions = plan_user(self.catalog, request, view, now)
-                    except HeraldError as exc:  # a bad value in this user's state
-                        code = _code(exc)
-                        letters.append(_user_letter(request, view.user_id, None, code, str(exc)))
-                        continue
-                    bucket = cap_charge(self.catalog, request, view, decisions, now, days)
-                    plan = _Plan(request, view, decisions, None, None)
-                    plan.records = classes.learn(
-                        request, view, bucket, partial(self._records, plan, now)
-                    )
-                    charge = None if bucket is None else CapCharge.of(bucket, view.user_id, nid)
-                if charge is not None:
-                    charges.append((len(plans), charge))
+                    group = groups.get(template)
+                    if group is None:
+                        group = groups[template] = _Group(request, [])
+                    group.views.append(view)
+                    continue
+                try:
+                    decisions = plan_user(self.catalog, request, view, now)
+                except HeraldError as exc:  # a bad value in this user's state
+                    code = _code(exc)
+                    letters.append(_user_letter(request, view.user_id, None, code, str(exc)))
+                    continue
+                bucket = cap_charge(self.catalog, request, view, decisions, now, days)
+                plan = _Plan(request, view, decisions)
+                plan.records = classes.learn(
+                    request, view, bucket, partial(self._records, plan, now)
+                )
+                if bucket is not None:
+                    charged.append((len(plans), CapCharge.of(bucket, view.user_id, nid)))
                 plans.append(plan)
-        allowed = self._charge([c for _i, c in charges])
-        per_user = [self._build(plan, now) for plan in plans]
+        group_charges = [(t, g, t.charges(g.views)) for t, g in groups.items()]
+        charges = [c for _i, c in charged]
+        for _t, _g, more in group_charges:
+            charges += more or ()
+        allowed = self._charge(charges)
+        per_user = [self._records(plan, now) if plan.records is None else plan.records
+                    for plan in plans]  # fmt: skip
 
         def finish() -> list[Any]:
-            for (index, _charge), ok in zip(charges, allowed.result(), strict=True):
+            results = allowed.result()  # those of `charged`, then of each group's charges
+            answers = iter(results[len(charged) :])
+            for (index, _charge), ok in zip(charged, results[: len(charged)], strict=True):
                 if not ok:
                     per_user[index] = self._refused(plans[index], now)
-            self._count(plans, per_user)
             out = letters
+            users: Counter[Template] = Counter()
+            for template, group, more in group_charges:
+                views = group.views
+                if more is not None:
+                    oks = [next(answers) for _ in more]
+                    if not all(oks):
+                        for view, ok in zip(group.views, oks, strict=True):
+                            if not ok:
+                                per_user.append(self._refused(_Plan(group.request, view), now))
+                        views = [v for v, ok in zip(group.views, oks, strict=True) if ok]
+                out.extend(template.records(views))
+                users[template] += len(views)
+            self._count(users, per_user)
             for records in per_user:
                 out.extend(records)
             return out
 
         return finish
 
-    def _build(self, plan: _Plan, now: datetime) -> list[Any]:
-        if plan.records is not None:
-            return plan.records
-        if plan.template is not None:
-            return plan.template.records(plan.view)
-        return self._records(plan, now)
-
     def _refused(self, plan: _Plan, now: datetime) -> list[Any]:
         """The records of a user whose cap charge was refused."""
-        plan.template = None
         decisions = plan.decisions
         if decisions is None:  # a user of a template: planned again
             try:
@@ -214,15 +228,8 @@ class Planner:
         records, rejected = user_records(self.renderer, request, view, decisions, now)
         return [*records, *(_rejection_letter(request, r) for r in rejected)]
 
-    def _count(self, plans: list[_Plan], per_user: list[list[Any]]) -> None:
+    def _count(self, users: Counter[Template], planned_in_full: list[list[Any]]) -> None:
         """Count the batch's events: a template's per user of it, the rest from the Outputs."""
-        users: Counter[Template] = Counter()
-        planned_in_full: list[Any] = []
-        for plan, records in zip(plans, per_user, strict=True):
-            if plan.template is not None:
-                users[plan.template] += 1
-            else:
-                planned_in_full.extend(records)
         states: Counter[str] = Counter()
         suppressed: Counter[str] = Counter()
         for template, n in users.items():
@@ -231,7 +238,7 @@ class Planner:
                 if state == State.SUPPRESSED.value and reason is not None:
                     suppressed[reason] += n * k
         self.count.add(states, suppressed)
-        self.count(planned_in_full)
+        self.count([record for records in planned_in_full for record in records])
 
     def _charge(self, charges: list[CapCharge]) -> Future[list[bool]]:
         """The charges' answers, computed in Redis while the caller goes on."""
@@ -252,14 +259,20 @@ class Planner:
 
 @dataclass(slots=True)
 class _Plan:
-    """One user of a batch: planned in full (`decisions`; `records` when built early, to learn
-    a template from them) or from a `template`."""
+    """One user of a batch planned in full: its `decisions`, and its `records` when they were
+    built early (to learn a template from them)."""
 
     request: PlanRequest
     view: UserView
-    decisions: list[Decision] | None
-    template: Template | None
-    records: list[Any] | None
+    decisions: list[Decision] | None = None
+    records: list[Any] | None = None
+
+
+class _Group(NamedTuple):
+    """The users of a batch planned from one template."""
+
+    request: PlanRequest
+    views: list[UserView]
 
 
 def _code(exc: HeraldError) -> str:

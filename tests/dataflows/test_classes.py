@@ -146,7 +146,8 @@ def test_template_records_and_charges_are_the_full_paths(encoder: Encoder) -> No
                 got = encoded(encoder, got_outputs)
                 got_charge = charge_of(req, got_bucket, view)
             else:
-                got, got_charge = template.records(view), template.charge(view)
+                got, charges = template.records([view]), template.charges([view])
+                got_charge = None if charges is None else charges[0]
                 templated[req.notification_type] += 1
                 devices.add(sum(1 for r in got if r.topic.startswith("herald.deliveries.push")))
             assert got == expected, (req.notification_id, view)

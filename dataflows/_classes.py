@@ -176,12 +176,14 @@ class Classes:
     def __init__(self, encoder: Encoder, ids: PlanIds) -> None:
         self.encoder = encoder
         self.ids = ids
-        self._found: dict[tuple[int, tuple[Any, ...], tuple[Any, ...]], Any] = {}
+        self._found: dict[tuple[int, int, int], Any] = {}
 
     @staticmethod
-    def _key(request: PlanRequest, view: UserView) -> tuple[int, tuple[Any, ...], tuple[Any, ...]]:
-        # id(request): the batch holds every request, so no id is reused while this lives
-        return (id(request), view.prefs.policy_key, view.contacts.policy_key)
+    def _key(request: PlanRequest, view: UserView) -> tuple[int, int, int]:
+        # By identity: the batch holds every request and view, so no id is reused while this
+        # lives, and equal policy keys are one object (herald.policy.interned). Keys equal but
+        # not interned (past MAX_INTERNED) only make separate classes.
+        return (id(request), id(view.prefs.policy_key), id(view.contacts.policy_key))
 
     def get(self, request: PlanRequest, view: UserView) -> Template | None:
         """The template of `view`'s class; None when the user must be planned in full."""

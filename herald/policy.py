@@ -34,7 +34,7 @@ A user without a time zone gets the catalog's explicit `default_timezone`. Bad i
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
@@ -65,6 +65,27 @@ def _instant(value: Any) -> datetime | None:
     return datetime.fromtimestamp(int(value) / 1000, UTC)
 
 
+_INTERNED: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+MAX_INTERNED = 1_000_000
+
+
+def interned(key: tuple[Any, ...]) -> tuple[Any, ...]:
+    """One object per distinct policy key (the first `MAX_INTERNED` keys), so that the keys of
+    millions of users are a few shared objects: they compare by identity and stay in the CPU
+    cache (dataflows/_classes.py looks one up per planned user)."""
+    found = _INTERNED.get(key)
+    if found is not None:
+        return found
+    if len(_INTERNED) < MAX_INTERNED:
+        _INTERNED[key] = key
+    return key
+
+
+def _reduce(obj: Any) -> tuple[Any, ...]:
+    """Pickle a dataclass by its init fields: unpickling runs `__post_init__`."""
+    return (type(obj), tuple(getattr(obj, f.name) for f in fields(obj) if f.init))
+
+
 @dataclass(frozen=True, slots=True)
 class Preferences:
     """A user's latest preferences (the `UserPreferences` record)."""
@@ -87,7 +108,10 @@ class Preferences:
             self.global_opt_out, self.category_opt_out, self.channel_opt_out,
             self.category_channel_opt_out, self.quiet_hours, self.timezone, self.locale,
         )  # fmt: skip
-        object.__setattr__(self, "policy_key", key)
+        object.__setattr__(self, "policy_key", interned(key))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _reduce(self)  # unpickled through __init__: the key is interned here too
 
     @classmethod
     def from_record(cls, rec: Mapping[str, Any]) -> Preferences:
@@ -148,7 +172,10 @@ class ContactPoints:
         devices = tuple([(d.valid, d.platform, d.app_id) for d in self.devices])
         key = (devices, bool(self.phone), self.phone_verified, bool(self.email),
                self.email_verified, self.disabled)  # fmt: skip
-        object.__setattr__(self, "policy_key", key)
+        object.__setattr__(self, "policy_key", interned(key))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _reduce(self)
 
     @classmethod
     def from_record(cls, rec: Mapping[str, Any]) -> ContactPoints:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -343,3 +344,23 @@ def test_one_decision_per_channel_and_bypass_invariants(
             assert not nt.bypass_quiet_hours and d.until > now
         if isinstance(d, Suppress) and d.reason == "frequency_cap":
             assert not nt.transactional
+
+
+def test_policy_keys_are_shared_by_users_planned_alike_and_survive_pickling() -> None:
+    """What dataflows/_classes.py relies on: equal keys are one object, also after a record
+    crossed processes (pickled by the dataflow), and keys differ where `decide` could."""
+    a = Preferences("a", timezone="Asia/Kolkata", category_opt_out=frozenset({"marketing"}))
+    b = Preferences("b", timezone="Asia/Kolkata", category_opt_out=frozenset({"marketing"}))
+    assert a.policy_key is b.policy_key
+    assert Preferences("c", timezone="Asia/Tokyo").policy_key != a.policy_key
+    copy = pickle.loads(pickle.dumps(a))
+    assert copy == a and copy.policy_key is a.policy_key
+    phone = ContactPoints("a", (Device("d1", "fcm", "t1"),), phone="+41790000001")
+    other = ContactPoints("b", (Device("d2", "fcm", "t2"),), phone="+41790000002")
+    assert phone.policy_key is other.policy_key  # endpoints' values and ids are not in it
+    verified = ContactPoints("b", (Device("d2", "fcm", "t2"),), phone="+41790000002",
+                               phone_verified=True)  # fmt: skip
+    invalid = ContactPoints("b", (Device("d2", "fcm", "t2", valid=False),), phone="+4179")
+    assert len({phone.policy_key, verified.policy_key, invalid.policy_key}) == 3
+    copy_contacts = pickle.loads(pickle.dumps(phone))
+    assert copy_contacts == phone and copy_contacts.policy_key is phone.policy_key

@@ -37,7 +37,7 @@ from bench._harness import (
     run_job,
     scenario_settings,
 )
-from dataflows._runtime import tune_gc
+from dataflows._runtime import tune_runtime
 from dataflows._settings import PlanningSettings
 from dataflows.digest import build_flow
 from herald.config import HeraldSettings
@@ -75,7 +75,7 @@ def run(base: HeraldSettings, events: int = 1_000_000, recipients: int = 20_000)
         recovery.mkdir(parents=True)
         init_db_dir(recovery, 1)
         flow = build_flow(settings, planning=PlanningSettings(), bounded=True)
-        tune_gc()  # as the job process does (dataflows/_runtime.py)
+        tune_runtime()  # as the job process does (dataflows/_runtime.py)
         started, cpu = time.perf_counter(), time.process_time()
         run_main(
             flow, epoch_interval=timedelta(seconds=10), recovery_config=RecoveryConfig(recovery)

@@ -49,7 +49,7 @@ from bench._harness import (
     topic_timestamps,
 )
 from dataflows import plan as plan_job
-from dataflows._runtime import tune_gc
+from dataflows._runtime import tune_runtime
 from dataflows._settings import PlanningSettings
 from herald.config import HeraldSettings
 from schemas.registry import make_registry
@@ -184,7 +184,7 @@ def _run_job(base: HeraldSettings, settings: HeraldSettings, name: str) -> tuple
     flow = plan_job.build_flow(
         settings, traffic_class="bulk", planning=PlanningSettings(), bounded=True
     )
-    tune_gc()  # as the job process does (dataflows/_runtime.py)
+    tune_runtime()  # as the job process does (dataflows/_runtime.py)
     started, cpu = time.perf_counter(), time.process_time()
     run_main(flow, epoch_interval=timedelta(seconds=10), recovery_config=RecoveryConfig(recovery))
     return time.perf_counter() - started, time.process_time() - cpu

@@ -15,7 +15,8 @@ planner (dataflows/_planner.py) plans users in full until a class has a second u
     template.charges(views)                     the users' frequency-cap charges, or None
 
 A class seen once costs a lookup: users that share nothing with others are not slowed down by
-derivations that would never pay off.
+derivations that would never pay off (a derivation costs about one more planning). The users
+of a request with many users in the batch (a campaign) derive at the first user of a class.
 
 Per record of the user it was derived from, a template holds the encoded constant fields of its
 shape (dataflows/_encode.py `Splice`), its channel, which of the user's endpoints it is for (the
@@ -198,17 +199,19 @@ class Classes:
         view: UserView,
         bucket: CapBucket | None,
         records: Callable[[], list[Any]],
+        eager: bool = False,
     ) -> list[Any] | None:
-        """After `view` was planned in full (cap `bucket`): the second user of a class gives
-        it a template from its records (made here with `records()` and returned), or marks it
-        as planned in full for good. None when `records` was not called."""
+        """After `view` was planned in full (cap `bucket`): the second user of a class (the
+        first if `eager`: the request has many users here) gives it a template from its
+        records (made here with `records()` and returned), or marks it as planned in full for
+        good. None when `records` was not called."""
         if view.params is not None:
             return None
         key = self._key(request, view)
         found = self._found.get(key)
-        if found is None:
+        if found is None and not eager:
             self._found[key] = _SEEN
-        elif found is _SEEN:
+        elif found is None or found is _SEEN:
             outputs = records()
             self._found[key] = _derive(self.encoder, self.ids, request, view, outputs, bucket)
             return outputs

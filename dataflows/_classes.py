@@ -5,18 +5,19 @@ reads their preferences and which contact points they have (`Preferences.policy_
 `ContactPoints.policy_key`); the renderer reads the request and the locale. So two users of one
 request with equal keys, planned at the same instant, get records that differ only in
 delivery_id, event_id, user_id and address (the shapes of herald.plan_records.Prototypes). The
-planner (dataflows/_planner.py) plans users in full until a class has a second user, derives a
-`Template` from that user's records, and makes every further user's records from it, encoded:
+planner (dataflows/_planner.py) counts the users of each class in a batch, plans the first user
+of a class of `MIN_CLASS_USERS` or more in full, derives a `Template` from its records, and
+makes the other users' records from it, encoded:
 
-    classes = Classes(encoder, ids)             one per planned batch (one instant)
+    classes = Classes(encoder, ids, batch)      one per planned batch (one instant)
     template = classes.get(request, view)       Template, or None: plan this user in full
     classes.learn(request, view, bucket, records)  after planning a user in full
     template.records(views)                     the users' KafkaRecords
     template.charges(views)                     the users' frequency-cap charges, or None
 
-A class seen once costs a lookup: users that share nothing with others are not slowed down by
-derivations that would never pay off (a derivation costs about one more planning). The users
-of a request with many users in the batch (a campaign) derive at the first user of a class.
+Users of smaller classes are planned in full and cost one more lookup each: a derivation costs
+about as much as planning one more user, so an audience whose users share little is not slowed
+down by derivations that would not pay off.
 
 Per record of the user it was derived from, a template holds the encoded constant fields of its
 shape (dataflows/_encode.py `Splice`), its channel, which of the user's endpoints it is for (the
@@ -39,7 +40,7 @@ from dataflows._encode import Encoder
 from dataflows._redis import CapCharge
 from herald.caps import CapBucket, cap_key, user_tag
 from herald.plan_records import EVENTS_TOPIC, Output
-from herald.planning import PlanRequest, UserView
+from herald.planning import Planned, PlanRequest, UserView
 from herald.planning_ids import (
     PlanIds,
     delivery_id_of,
@@ -168,16 +169,27 @@ class Template:
         return out
 
 
-_SEEN: Any = object()  # a class with one user so far
+# A template is derived for a class with at least this many users in the batch: a derivation
+# costs about as much as planning one more user in full, and saves ~2/3 of every later user's.
+MIN_CLASS_USERS = 3
 
 
 class Classes:
     """The templates of one planned batch, by request and class (see the module docstring)."""
 
-    def __init__(self, encoder: Encoder, ids: PlanIds) -> None:
+    def __init__(
+        self, encoder: Encoder, ids: PlanIds, batch: Sequence[tuple[str, Planned]] = ()
+    ) -> None:
         self.encoder = encoder
         self.ids = ids
-        self._found: dict[tuple[int, int, int], Any] = {}
+        self._found: dict[tuple[int, int, int], Template | None] = {}
+        key = self._key
+        self._sizes = Counter(
+            key(planned.request, view)
+            for _shard, planned in batch
+            for view in planned.users
+            if view.params is None
+        )  # users of each class in the batch
 
     @staticmethod
     def _key(request: PlanRequest, view: UserView) -> tuple[int, int, int]:
@@ -190,8 +202,7 @@ class Classes:
         """The template of `view`'s class; None when the user must be planned in full."""
         if view.params is not None:
             return None
-        found = self._found.get(self._key(request, view))
-        return found if type(found) is Template else None
+        return self._found.get(self._key(request, view))
 
     def learn(
         self,
@@ -199,23 +210,19 @@ class Classes:
         view: UserView,
         bucket: CapBucket | None,
         records: Callable[[], list[Any]],
-        eager: bool = False,
     ) -> list[Any] | None:
-        """After `view` was planned in full (cap `bucket`): the second user of a class (the
-        first if `eager`: the request has many users here) gives it a template from its
-        records (made here with `records()` and returned), or marks it as planned in full for
-        good. None when `records` was not called."""
+        """After `view` was planned in full (cap `bucket`): the first user of a class with
+        `MIN_CLASS_USERS` users in the batch gives it a template from its records (made here
+        with `records()` and returned), or marks it as planned in full for good. None when
+        `records` was not called."""
         if view.params is not None:
             return None
         key = self._key(request, view)
-        found = self._found.get(key)
-        if found is None and not eager:
-            self._found[key] = _SEEN
-        elif found is None or found is _SEEN:
-            outputs = records()
-            self._found[key] = _derive(self.encoder, self.ids, request, view, outputs, bucket)
-            return outputs
-        return None
+        if key in self._found or self._sizes[key] < MIN_CLASS_USERS:
+            return None
+        outputs = records()
+        self._found[key] = _derive(self.encoder, self.ids, request, view, outputs, bucket)
+        return outputs
 
 
 def _derive(

@@ -54,9 +54,6 @@ log = logging.getLogger(__name__)
 
 JOB = "plan"
 DeadLetter = dict[str, Any]
-# A request with at least this many users in a batch derives a class's template at its first
-# user (dataflows/_classes.py): classes of a campaign repeat.
-EAGER_USERS = 64
 
 
 class Admission:
@@ -153,14 +150,10 @@ class Planner:
         charged: list[tuple[int, CapCharge]] = []  # (index in plans, charge)
         groups: dict[Template, _Group] = {}  # users planned from a template
         days = CapDays(now)
-        classes = Classes(self.encoder, self.renderer.ids)
-        sizes: Counter[int] = Counter()  # users of each request in the batch
-        for _shard, planned in batch:
-            sizes[id(planned.request)] += len(planned.users)
+        classes = Classes(self.encoder, self.renderer.ids, batch)
         for _shard, planned in batch:
             request = planned.request
             nid = request.notification_id
-            eager = sizes[id(request)] >= EAGER_USERS
             for view in planned.users:
                 template = classes.get(request, view)
                 if template is not None:
@@ -178,7 +171,7 @@ class Planner:
                 bucket = cap_charge(self.catalog, request, view, decisions, now, days)
                 plan = _Plan(request, view, decisions)
                 plan.records = classes.learn(
-                    request, view, bucket, partial(self._records, plan, now), eager
+                    request, view, bucket, partial(self._records, plan, now)
                 )
                 if bucket is not None:
                     charged.append((len(plans), CapCharge.of(bucket, view.user_id, nid)))

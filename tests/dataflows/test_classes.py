@@ -15,14 +15,14 @@ from typing import Any
 
 import pytest
 
-from dataflows._classes import Classes, Template, endpoints
+from dataflows._classes import MIN_CLASS_USERS, Classes, Template, endpoints
 from dataflows._encode import Encoder
 from dataflows._redis import CapCharge
 from herald.caps import CapBucket
 from herald.catalog import load_catalog
 from herald.config import HeraldSettings, RegistrySettings
 from herald.plan_records import CapDays, Output, Renderer, cap_charge, plan_user, user_records
-from herald.planning import PlanRequest, UserView, admit_request
+from herald.planning import Planned, PlanRequest, UserView, admit_request
 from herald.policy import ContactPoints, Device, Preferences
 from herald.quiet_hours import QuietWindow
 from schemas.registry import make_registry
@@ -134,7 +134,7 @@ def test_template_records_and_charges_are_the_full_paths(encoder: Encoder) -> No
     devices: set[int] = set()  # push Deliveries of templated users
     for req in REQUESTS:
         expected_renderer, renderer = Renderer(CATALOG), Renderer(CATALOG)
-        classes = Classes(encoder, renderer.ids)
+        classes = Classes(encoder, renderer.ids, batch(req, users))
         for view in users:
             outputs, bucket = full(encoder, expected_renderer, req, view)
             expected = encoded(encoder, outputs)
@@ -161,13 +161,17 @@ def test_template_records_and_charges_are_the_full_paths(encoder: Encoder) -> No
     assert devices == {0, 1, 2}
 
 
+def batch(req: PlanRequest, views: list[UserView]) -> list[tuple[str, Planned]]:
+    """The views as one planned item (what Classes counts its classes' users in)."""
+    return [("0", Planned(req, 0, tuple(views)))]
+
+
 def test_template_counts_its_events(encoder: Encoder) -> None:
     req, renderer = REQUESTS[0], Renderer(CATALOG)
-    classes = Classes(encoder, renderer.ids)
     view = population(1)[0]
-    for _ in range(2):
-        outputs, bucket = full(encoder, renderer, req, view)
-        classes.learn(req, view, bucket, lambda o=outputs: o)
+    classes = Classes(encoder, renderer.ids, batch(req, [view] * MIN_CLASS_USERS))
+    outputs, bucket = full(encoder, renderer, req, view)
+    assert classes.learn(req, view, bucket, lambda: outputs) == outputs
     template = classes.get(req, view)
     assert isinstance(template, Template)
     events = Counter(
@@ -180,31 +184,35 @@ def test_template_counts_its_events(encoder: Encoder) -> None:
 
 def test_users_with_their_own_params_are_never_templated(encoder: Encoder) -> None:
     req, renderer = REQUESTS[0], Renderer(CATALOG)
-    classes = Classes(encoder, renderer.ids)
     plain = population(1)[0]
     personal = UserView(plain.user_id, {"first_name": "Ada"}, plain.prefs, plain.contacts)
-    for _ in range(2):
-        outputs, bucket = full(encoder, renderer, req, plain)
-        classes.learn(req, plain, bucket, lambda o=outputs: o)
-    assert classes.get(req, plain) is not None
+    classes = Classes(encoder, renderer.ids, batch(req, [plain, *[personal] * 5]))
+    outputs, bucket = full(encoder, renderer, req, plain)
+    assert classes.learn(req, plain, bucket, lambda: outputs) is None  # 1 user without params
     assert classes.get(req, personal) is None
     assert classes.learn(req, personal, None, list) is None
 
 
-def test_a_class_is_derived_at_its_second_user_and_only_then(encoder: Encoder) -> None:
+def test_only_a_class_with_enough_users_in_the_batch_is_derived(encoder: Encoder) -> None:
     calls: list[str] = []
 
     def records() -> list[Any]:
         calls.append("made")
         return []  # no records: a template of nothing (a user with nothing to send)
 
-    classes = Classes(encoder, Renderer(CATALOG).ids)
-    req, view = REQUESTS[0], population(1)[0]
-    assert classes.learn(req, view, None, records) is None
-    assert calls == [] and classes.get(req, view) is None
-    assert classes.learn(req, view, None, records) == []
+    req = REQUESTS[0]
+    big = population(1)[0]
+    small = UserView("s", None, Preferences("s", timezone="Asia/Tokyo"), big.contacts)
+    assert big.prefs.policy_key is not small.prefs.policy_key
+    views = [big] * MIN_CLASS_USERS + [small] * (MIN_CLASS_USERS - 1)
+    classes = Classes(encoder, Renderer(CATALOG).ids, batch(req, views))
+    assert classes.learn(req, small, None, records) is None
+    assert calls == [] and classes.get(req, small) is None  # too small: planned in full
+    assert classes.learn(req, big, None, records) == []
     assert calls == ["made"]
-    assert isinstance(classes.get(req, view), Template)
+    assert isinstance(classes.get(req, big), Template)
+    assert classes.learn(req, big, None, records) is None  # derived once
+    assert calls == ["made"]
 
 
 def test_records_that_do_not_map_exactly_leave_the_class_on_the_full_path(
@@ -218,7 +226,7 @@ def test_records_that_do_not_map_exactly_leave_the_class_on_the_full_path(
     tampered = [*outputs[:-1], outputs[-1]._replace(shape=None)]  # no shape: cannot splice
     letter = {"reason": "render_failed"}
     for bad in (tampered, [*outputs, letter]):
-        classes = Classes(encoder, renderer.ids)
-        classes.learn(req, view, bucket, lambda b=bad: b)
-        classes.learn(req, view, bucket, lambda b=bad: b)
+        classes = Classes(encoder, renderer.ids, batch(req, [view] * MIN_CLASS_USERS))
+        assert classes.learn(req, view, bucket, lambda b=bad: b) == bad
         assert classes.get(req, view) is None
+        assert classes.learn(req, view, bucket, lambda b=bad: b) is None  # not derived again

@@ -33,7 +33,7 @@ from bench._report import render
 # Timeouts are a safety net for a wedged scenario, generous for a loaded machine.
 SCENARIOS: dict[str, tuple[str, float]] = {
     "api_accept": ("bench._adapters:api_accept", 300),
-    "plan": ("bench._adapters:plan", 420),
+    "plan": ("bench._adapters:plan", 600),
     "digest": ("bench._adapters:digest", 420),
     "dispatch": ("bench._adapters:dispatch", 600),
     "otp_latency": ("bench.otp_latency:result", 480),

@@ -66,8 +66,13 @@ def _encoder(settings: HeraldSettings, topic: str) -> Any:
     return topic_serializer(settings.kafka, make_registry(settings.registry), topic)
 
 
-def users_table(settings: HeraldSettings, users: int, topic: str) -> Iterator[tuple[bytes, bytes]]:
-    """Preferences or contact points of every user (10 % opted out of marketing)."""
+def users_table(
+    settings: HeraldSettings, users: int, topic: str, diverse: bool = False
+) -> Iterator[tuple[bytes, bytes]]:
+    """Preferences or contact points of every user (10 % opted out of marketing). `diverse`:
+    each user also has a one-minute quiet-hours window of their own (1,440 distinct), so users
+    of a 1,000-user request hardly ever share a class (dataflows/_classes.py) and are planned
+    in full."""
     encode = _encoder(settings, topic)
     rng = random.Random(7)
     now = datetime.now(UTC)
@@ -79,6 +84,9 @@ def users_table(settings: HeraldSettings, users: int, topic: str) -> Iterator[tu
                 "timezone": rng.choice(ZONES), "locale": rng.choice(LOCALES),
                 "updated_at": now, "version": 1,
             }  # fmt: skip
+            if diverse:
+                start = i * 7 % 1440
+                record["quiet_hours"] = {"start": _hhmm(start), "end": _hhmm(start + 1)}
         else:
             device = {"device_id": f"d{i}", "platform": "fcm", "token": f"t{i:032d}",
                       "registered_at": now, "valid": True}  # fmt: skip
@@ -86,6 +94,10 @@ def users_table(settings: HeraldSettings, users: int, topic: str) -> Iterator[tu
             record = {"user_id": user, "devices": [device], "email": email, "updated_at": now,
                       "version": 1}  # fmt: skip
         yield user.encode(), encode(record)
+
+
+def _hhmm(minutes: int) -> str:
+    return f"{minutes // 60 % 24:02d}:{minutes % 60:02d}"
 
 
 def campaign(settings: HeraldSettings, users: int) -> Iterator[tuple[bytes, bytes]]:
@@ -190,14 +202,12 @@ def _run_job(base: HeraldSettings, settings: HeraldSettings, name: str) -> tuple
     return time.perf_counter() - started, time.process_time() - cpu
 
 
-def run(base: HeraldSettings, users: int = 100_000) -> dict[str, Any]:
+def run(base: HeraldSettings, users: int = 100_000, diverse: bool = False) -> dict[str, Any]:
     """Produce the users and the campaign, run the job, measure the baseline; return figures."""
     settings = scenario_settings(base, "plan")
     try:
-        produce_all(
-            settings, "herald.preferences", users_table(settings, users, "herald.preferences")
-        )
-        produce_all(settings, "herald.devices", users_table(settings, users, "herald.devices"))
+        for topic in ("herald.preferences", "herald.devices"):
+            produce_all(settings, topic, users_table(settings, users, topic, diverse))
         load_s, load_cpu = _run_job(base, settings, "table")
         produce_all(settings, "herald.requests.bulk", campaign(settings, users))
         job_s, job_cpu = _run_job(base, settings, "campaign")
@@ -209,7 +219,8 @@ def run(base: HeraldSettings, users: int = 100_000) -> dict[str, Any]:
     finally:
         drop_topics(settings)
     return report(
-        "plan: marketing campaign through dataflows.plan (1 worker, recovery on)",
+        "plan: marketing campaign through dataflows.plan (1 worker, recovery on)"
+        + (", every user in a class of their own" if diverse else ""),
         {
             "users": users,
             "deliveries": deliveries,
@@ -268,12 +279,16 @@ def main() -> None:
         "--processes", type=int, nargs="+", metavar="N",
         help="instead: run the job as N bytewax.run processes (e.g. --processes 1 2)",
     )  # fmt: skip
+    parser.add_argument(
+        "--diverse", action="store_true",
+        help="every user in a class of their own (no templates: the full planning path)",
+    )  # fmt: skip
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="herald-bench-") as tmp, embedded_stack(Path(tmp)) as s:
         if args.processes:
             run_processes(s, args.users, args.processes)
         else:
-            run(s, args.users)
+            run(s, args.users, args.diverse)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,9 @@
     herald.requests.{class}           --requests_in--> audience batches of <= 1,000 users
     herald.preferences, herald.devices --users_in----> the user table (keyed by user shard)
         -> per user x channel: catalog, opt-outs, availability, quiet hours, caps, expiry,
-           rendering, fallback (herald.policy via herald.plan_records)
+           rendering, fallback (herald.policy via herald.plan_records); users planned alike
+           (same preferences and kinds of contact points) get their records from a template
+           made from one of them (dataflows/_classes.py)
         -> Delivery on herald.deliveries.{channel}.{class} (PLANNED), or on herald.scheduled
            with not_before (SCHEDULED), or nothing (SUPPRESSED / EXPIRED with the reason);
            every decision is a delivery_event on herald.delivery-events

@@ -36,7 +36,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
-from dataflows._encode import Encoder
+from dataflows._encode import SPLICED, Encoder
 from dataflows._redis import CapCharge
 from herald.caps import CapBucket, cap_key, user_tag
 from herald.plan_records import EVENTS_TOPIC, Output
@@ -55,8 +55,8 @@ from sinks.kafka import KafkaRecord
 
 __all__ = ["Classes", "Template", "endpoints"]
 
-DELIVERY_VARYING = ("delivery_id", "user_id", "address")
-EVENT_VARYING = ("event_id", "delivery_id", "user_id")
+# The fields a record of a shape varies in, in schema order (dataflows/_encode.py)
+DELIVERY_VARYING, EVENT_VARYING = SPLICED["delivery"], SPLICED["delivery_event"]
 log = logging.getLogger(__name__)
 
 

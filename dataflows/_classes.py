@@ -38,7 +38,7 @@ from typing import Any, cast
 
 from dataflows._encode import SPLICED, Encoder
 from dataflows._redis import CapCharge
-from herald.caps import CapBucket, cap_key, user_tag
+from herald.caps import CapBucket, user_tag
 from herald.plan_records import EVENTS_TOPIC, Output
 from herald.planning import Planned, PlanRequest, UserView
 from herald.planning_ids import (
@@ -106,7 +106,7 @@ class Template:
     `s0 + event_id + s1 + delivery_id + s2 + user_id + s3` (each field Avro-encoded; the ids
     always have 36 characters, so their length prefixes are constant and end s0 and s1)."""
 
-    __slots__ = ("notification_id", "slots", "events", "_charge", "_prefix", "_user")
+    __slots__ = ("slots", "events", "_charge", "_prefix", "_user")
 
     def __init__(
         self,
@@ -116,10 +116,10 @@ class Template:
         bucket: CapBucket | None,
         user: Writer,
     ) -> None:
-        self.notification_id = notification_id
         self.slots = slots
         self.events = events  # (state, reason) -> events a user of the class gets
-        # the counter's and the marker's keys after the user's hash tag, limit, TTL
+        # the counter's and the marker's keys after the user's hash tag, limit, TTL (the
+        # formats of herald.caps.cap_key and dataflows._redis.marker_key: _derive checks them)
         self._charge = None if bucket is None else (
             f":{bucket.bucket}:{bucket.local_date.isoformat()}",
             f":{bucket.bucket}:{bucket.local_date}:{notification_id}",
@@ -234,13 +234,9 @@ def _derive(
     bucket: CapBucket | None,
 ) -> Template | None:
     """The template of `view`'s records, or None if one of them does not map exactly. A
-    template is kept only if it gives `view` the very records the full path gave it."""
+    template is kept only if it gives `view` the very records and cap charge the full path
+    gave it."""
     nid, uid = request.notification_id, view.user_id
-    if bucket is not None and (
-        bucket.key != cap_key(uid, bucket.bucket, bucket.local_date)
-        or bucket.key != f"cap:{user_tag(uid)}:{bucket.bucket}:{bucket.local_date.isoformat()}"
-    ):
-        return None  # Template.charge makes the key so
     slots: list[_Slot] = []
     events: Counter[tuple[str, str | None]] = Counter()
     user: Writer | None = None
@@ -283,7 +279,8 @@ def _derive(
                           _endpoint(channel, index[0]), part(channel), address))  # fmt: skip
         previous = item.key
     template = Template(nid, tuple(slots), events, bucket, user or _no_user)
-    if template.records([view]) != encoder(outputs):
+    charge = None if bucket is None else [CapCharge.of(bucket, uid, nid)]
+    if template.records([view]) != encoder(outputs) or template.charges([view]) != charge:
         log.error("plan.template_mismatch notification_id=%s", nid)
         return None
     return template

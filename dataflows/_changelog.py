@@ -17,22 +17,20 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from datetime import UTC, datetime, timedelta
-from typing import Any, cast
+from typing import cast
 
 from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
 
 from herald.config import KafkaSettings
 from herald.errors import InfraError
 from herald.planning import CaughtUp
-from sources.kafka import DEFAULT_CONSUMER_CONFIG, KafkaMessage, KafkaSource
+from sources.consumer import Feed, worker_consumer
+from sources.kafka import KafkaMessage, KafkaSource, consumer_config
 
 __all__ = ["ChangelogSource"]
 
 log = logging.getLogger(__name__)
-
-_IDLE = timedelta(milliseconds=20)
 
 
 class ChangelogSource(FixedPartitionedSource[KafkaMessage | CaughtUp, None]):
@@ -58,37 +56,28 @@ class ChangelogSource(FixedPartitionedSource[KafkaMessage | CaughtUp, None]):
     def build_part(self, step_id: str, for_part: str, resume_state: None) -> _ChangelogPartition:
         """Always from the beginning: a changelog partition has no resume state."""
         idx, topic = for_part.split("-", 1)
-        config: dict[str, Any] = {
-            **self.kafka.client_config(),
-            **DEFAULT_CONSUMER_CONFIG,
-            "group.id": f"herald-{step_id}",
-            "client.id": f"herald-{step_id}-{for_part}",
-            "enable.partition.eof": True,
-        }
-        tp = TopicPartition(topic, int(idx), OFFSET_BEGINNING)
-        return _ChangelogPartition(for_part, config, tp, self.batch_size, self.bounded)
+        shared = worker_consumer(consumer_config(self.kafka, step_id))
+        feed = shared.attach(TopicPartition(topic, int(idx), OFFSET_BEGINNING))
+        return _ChangelogPartition(for_part, feed, self.batch_size, self.bounded)
 
 
 class _ChangelogPartition(StatefulSourcePartition[KafkaMessage | CaughtUp, None]):
-    """One topic-partition read from offset 0."""
+    """One topic-partition read from offset 0 (through the worker's shared consumer)."""
 
-    def __init__(
-        self, part: str, config: dict[str, Any], tp: TopicPartition, batch_size: int, bounded: bool
-    ) -> None:
+    def __init__(self, part: str, feed: Feed, batch_size: int, bounded: bool) -> None:
         self._part = part
-        self._consumer = Consumer(config)
-        self._consumer.assign([tp])
+        self._feed = feed
         self._batch_size = batch_size
         self._bounded = bounded
         self._caught_up = False
         self._read = 0
-        self._awake: datetime | None = None
 
     def next_batch(self) -> list[KafkaMessage | CaughtUp]:
         """Records as they come; `CaughtUp` after the records of the first end of partition."""
         if self._caught_up and self._bounded:
             raise StopIteration
-        msgs = self._consumer.consume(self._batch_size, 0)
+        # Never blocks before the first end: a rebuild runs at full speed.
+        msgs = self._feed.take(self._batch_size, may_block=self._caught_up)
         out: list[KafkaMessage | CaughtUp] = []
         eof = False
         for msg in msgs:
@@ -114,17 +103,16 @@ class _ChangelogPartition(StatefulSourcePartition[KafkaMessage | CaughtUp, None]
             self._caught_up = True
             log.info("changelog.caught_up part=%s records=%d", self._part, self._read)
             out.append(CaughtUp(self._part))
-        self._awake = None if msgs else datetime.now(UTC) + _IDLE
         return out
 
-    def next_awake(self) -> datetime | None:
-        """Poll again at once after records, after a short idle wait otherwise."""
-        return self._awake
+    def next_awake(self) -> None:
+        """Bytewax's default (an idle worker waits in the shared consumer's poll)."""
+        return None
 
     def snapshot(self) -> None:
         """Nothing: the table is rebuilt from the beginning of the changelog on every start."""
         return None
 
     def close(self) -> None:
-        """Close the consumer."""
-        self._consumer.close()
+        """Stop reading the partition (the consumer closes with its last one)."""
+        self._feed.close()

@@ -31,7 +31,7 @@ from herald.config import KafkaSettings
 from herald.errors import SerdeError
 from herald.planning import AudienceBatch, PlanRequest, chunk_users
 from sinks.kafka import dead_letter
-from sources.kafka import KafkaMessage, KafkaSource
+from sources.kafka import KafkaMessage, KafkaPartition, KafkaSource
 
 __all__ = ["Admit", "Expansion", "RequestSource"]
 
@@ -108,7 +108,7 @@ class _RequestPartition(StatefulSourcePartition[Item, State]):
     def __init__(
         self,
         source: RequestSource,
-        kafka_part: StatefulSourcePartition[KafkaMessage, int | None],
+        kafka_part: KafkaPartition,
         expansions: list[Expansion],
     ) -> None:
         self._src = source
@@ -124,6 +124,8 @@ class _RequestPartition(StatefulSourcePartition[Item, State]):
         if self._expansions and datetime.now(UTC) >= self._next_expansion:
             out.extend(self._expand())
         if len(self._expansions) < MAX_PENDING and not self._eof:
+            # an idle worker may wait for records, not while an expansion is pending
+            self._kafka.may_block = not self._expansions
             try:
                 out.extend(self._read(list(self._kafka.next_batch())))
             except StopIteration:
@@ -133,10 +135,11 @@ class _RequestPartition(StatefulSourcePartition[Item, State]):
         return out
 
     def next_awake(self) -> datetime | None:
-        """At once while expanding (or at the pace), else the Kafka partition's idle wait."""
+        """At the pace while expanding, else Bytewax's default (an idle worker waits in the
+        shared consumer's poll, sources/consumer.py)."""
         if self._expansions:
             return self._next_expansion if self._src.pace else None
-        return None if self._eof else self._kafka.next_awake()
+        return None
 
     def snapshot(self) -> State:
         """(next offset, pending expansions): everything a restart needs."""

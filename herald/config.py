@@ -37,6 +37,9 @@ class KafkaSettings(BaseSettings):
     ssl_ca_location: str | None = None
     # Prepended to every topic name; tests use it to give each test its own topics.
     topic_prefix: str = ""
+    # How long the broker may hold a source's empty fetch (librdkafka fetch.wait.max.ms): the
+    # latency of a record reaching an idle job on Tansu (sources.kafka.consumer_config).
+    fetch_wait_ms: int = Field(default=500, ge=1, le=10_000)
 
     def client_config(self) -> dict[str, str]:
         """librdkafka settings common to every client (producer, consumer, admin)."""

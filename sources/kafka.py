@@ -19,10 +19,9 @@ retries them. Undecodable records become dead letters in `decode_avro`, never ex
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any, Literal, cast
 
 import bytewax.operators as op
@@ -31,7 +30,6 @@ from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
 from confluent_kafka import (
     OFFSET_BEGINNING,
     OFFSET_END,
-    Consumer,
     KafkaError,
     Message,
     TopicPartition,
@@ -43,11 +41,13 @@ from herald.errors import InfraError, SerdeError
 from schemas.registry import SchemaRegistry, make_registry
 from schemas.serde import AvroDeserializer
 from sinks.kafka import dead_letter
+from sources.consumer import PERMANENT, SharedConsumer, worker_consumer
 
 __all__ = [
     "DecodeOut",
     "Decoded",
     "KafkaMessage",
+    "KafkaPartition",
     "KafkaSource",
     "decode_avro",
     "kafka_avro_input",
@@ -57,31 +57,36 @@ log = logging.getLogger(__name__)
 
 StartAt = Literal["earliest", "latest"]
 
-# Not retriable by waiting: the job cannot make progress on this partition.
-_PERMANENT = frozenset(
-    {
-        KafkaError.TOPIC_AUTHORIZATION_FAILED,
-        KafkaError.GROUP_AUTHORIZATION_FAILED,
-        KafkaError.CLUSTER_AUTHORIZATION_FAILED,
-        KafkaError._UNKNOWN_PARTITION,
-        KafkaError._SSL,
-        KafkaError._AUTHENTICATION,
-    }
-)
-
-DEFAULT_CONSUMER_CONFIG: dict[str, str | int | bool] = {
+_CONSUMER_DEFAULTS: dict[str, str | int | bool] = {
     "enable.auto.commit": False,
     "enable.auto.offset.store": False,
     # Where to go when a resumed offset no longer exists (deleted by retention).
     "auto.offset.reset": "earliest",
-    # An empty fetch waits here for data: one idle consumer costs the broker 2 fetches/s instead
-    # of 10 (there are hundreds in `herald up`). Tansu does not always answer a waiting fetch as
-    # soon as data arrives: one record produced to an idle partition was consumed after 77 ms
-    # (p50; max 140) at 500, 12 ms (max 41) at 100, 4 ms at 10. Under load, fetches return full.
-    "fetch.wait.max.ms": 500,
     "queued.max.messages.kbytes": 16_384,
     "allow.auto.create.topics": False,
+    # Every partition reports its end; sources that do not stop there ignore it. (One setting
+    # for all sources, so that the partitions of a worker share one consumer.)
+    "enable.partition.eof": True,
 }
+
+
+def consumer_config(kafka: KafkaSettings, step_id: str) -> dict[str, Any]:
+    """The librdkafka settings of a source's consumer.
+
+    `fetch.wait.max.ms` is `kafka.fetch_wait_ms`: how long the broker may hold an empty fetch.
+    Tansu does not answer a waiting fetch as soon as data arrives (it looks again after half of
+    the remaining wait): one record produced to an idle partition was consumed after 77 ms
+    (p50; max 140) at 500, 12 ms (max 41) at 100, 4 ms at 10; a shorter wait costs the broker
+    more looks per idle consumer. Under load, fetches return full.
+    """
+    return {
+        **kafka.client_config(),
+        **_CONSUMER_DEFAULTS,
+        "fetch.wait.max.ms": kafka.fetch_wait_ms,
+        # Required by librdkafka; never joined (partitions are assigned, nothing committed).
+        "group.id": f"herald-{step_id}",
+        "client.id": f"herald-{step_id}",
+    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,10 +119,9 @@ class KafkaSource(FixedPartitionedSource[KafkaMessage, int | None]):
     """Read physical `topics`; every topic-partition is a Bytewax partition.
 
     `start_at` applies when a partition has no snapshot yet. `batch_size` bounds one
-    `consume()`; `poll_timeout` is how long one poll may block the worker (0: never);
-    `idle_wait` is how long an empty partition sleeps before the next poll. `stop_at_end` ends
-    each partition at its end as seen by the consumer (tests, bounded replays).
-    `consumer_config` overrides `DEFAULT_CONSUMER_CONFIG`.
+    `next_batch`. `stop_at_end` ends each partition at its end as seen by the consumer (tests,
+    bounded replays). `consumer_config` overrides `consumer_config(kafka)`; partitions of sources
+    with the same configuration on one worker share one consumer (sources/consumer.py).
     """
 
     def __init__(
@@ -127,8 +131,6 @@ class KafkaSource(FixedPartitionedSource[KafkaMessage, int | None]):
         *,
         start_at: StartAt = "earliest",
         batch_size: int = 1000,
-        poll_timeout: float = 0.0,
-        idle_wait: timedelta = timedelta(milliseconds=10),
         stop_at_end: bool = False,
         consumer_config: dict[str, str | int | bool] | None = None,
     ) -> None:
@@ -138,8 +140,6 @@ class KafkaSource(FixedPartitionedSource[KafkaMessage, int | None]):
         self.topics = list(topics)
         self.start_at = start_at
         self.batch_size = batch_size
-        self.poll_timeout = poll_timeout
-        self.idle_wait = idle_wait
         self.stop_at_end = stop_at_end
         self.consumer_config = consumer_config or {}
 
@@ -155,21 +155,13 @@ class KafkaSource(FixedPartitionedSource[KafkaMessage, int | None]):
             parts.extend(f"{p}-{topic}" for p in sorted(meta.partitions))
         return parts
 
-    def build_part(self, step_id: str, for_part: str, resume_state: int | None) -> _KafkaPartition:
+    def build_part(self, step_id: str, for_part: str, resume_state: int | None) -> KafkaPartition:
         """Called once per partition per execution; `resume_state` is the next offset to read."""
         idx, topic = for_part.split("-", 1)
         if topic not in self.topics:
             raise InfraError(f"snapshot names topic {topic!r}, not one of {self.topics}")
-        config: dict[str, Any] = {
-            **self.kafka.client_config(),
-            **DEFAULT_CONSUMER_CONFIG,
-            # Required by librdkafka; never joined (partitions are assigned, nothing committed).
-            "group.id": f"herald-{step_id}",
-            "client.id": f"herald-{step_id}-{for_part}",
-            "enable.partition.eof": self.stop_at_end,
-            **self.consumer_config,
-        }
-        return _KafkaPartition(
+        config = {**consumer_config(self.kafka, step_id), **self.consumer_config}
+        return KafkaPartition(
             config, TopicPartition(topic, int(idx)), self._start_offset(resume_state), self
         )
 
@@ -181,66 +173,50 @@ class KafkaSource(FixedPartitionedSource[KafkaMessage, int | None]):
         return OFFSET_END  # pinned to a concrete offset by the partition (_resolve_latest)
 
 
-class _KafkaPartition(StatefulSourcePartition[KafkaMessage, int | None]):
-    """One assigned topic-partition with its own Consumer."""
+class KafkaPartition(StatefulSourcePartition[KafkaMessage, int | None]):
+    """One assigned topic-partition, read through the worker's shared consumer
+    (sources/consumer.py)."""
 
     def __init__(
         self, config: dict[str, Any], tp: TopicPartition, start: int, source: KafkaSource
     ) -> None:
         self._name = f"{tp.topic}/{tp.partition}"
-        self._fatal: str | None = None
-        self._last_warning: dict[str, float] = {}
-        self._consumer = Consumer({**config, "error_cb": self._on_error})
+        shared = worker_consumer(config)
         if start == OFFSET_END:
-            start = self._resolve_latest(tp)
+            start = self._resolve_latest(shared, tp)
+        self._feed = shared.attach(TopicPartition(tp.topic, tp.partition, start))
         # Next offset to read; None until known (logical start, nothing read yet).
         self._next: int | None = start if start >= 0 else None
-        self._consumer.assign([TopicPartition(tp.topic, tp.partition, start)])
         self._batch_size = source.batch_size
-        self._timeout = source.poll_timeout
-        self._idle_wait = source.idle_wait
         self._stop_at_end = source.stop_at_end
         self._eof = False
-        self._awake: datetime | None = None
+        # False while the caller has other work pending (a wrapping source): never block.
+        self.may_block = True
 
-    def _resolve_latest(self, tp: TopicPartition) -> int:
+    @staticmethod
+    def _resolve_latest(shared: SharedConsumer, tp: TopicPartition) -> int:
         """Pin "latest" to an offset now, so a snapshot taken before any record resumes here.
 
         (Tansu 0.6 reports the base offset of the last batch + 1 as high watermark: the job may
         re-read the tail of that batch, which at-least-once allows.)
         """
-        _low, high = self._consumer.get_watermark_offsets(tp, timeout=30)
+        _low, high = shared.consumer.get_watermark_offsets(tp, timeout=30)
         return int(high)
 
-    def _on_error(self, err: KafkaError) -> None:
-        if err.fatal() or err.code() in _PERMANENT:
-            self._fatal = f"{err.name()}: {err.str()}"
-        else:
-            self._warn(err)
-
-    def _warn(self, err: KafkaError) -> None:
-        """Log a transient error, at most every 10 s per error code."""
-        now = time.monotonic()
-        if now - self._last_warning.get(err.name(), 0.0) > 10:
-            self._last_warning[err.name()] = now
-            log.warning("kafka_source.transient_error partition=%s code=%s", self._name, err.name())
-
     def next_batch(self) -> list[KafkaMessage]:
-        """Called by Bytewax whenever `next_awake` has passed; never blocks longer than
-        `poll_timeout`."""
+        """Called by Bytewax whenever `next_awake` has passed; blocks only while the worker
+        is idle (sources/consumer.py)."""
         if self._eof:
             raise StopIteration
-        msgs = self._consumer.consume(self._batch_size, self._timeout)
+        msgs = self._feed.take(self._batch_size, self.may_block)
         batch = [self._message(m) for m in msgs if m.error() is None]
         if len(batch) < len(msgs):
             self._handle_errors(msgs)
-        if self._fatal is not None:
-            raise InfraError(f"kafka source {self._name}: {self._fatal}")
+        fatal = self._feed.shared.fatal
+        if fatal is not None:
+            raise InfraError(f"kafka source {self._name}: {fatal}")
         if batch:
             self._next = batch[-1].offset + 1
-            self._awake = None
-        else:
-            self._awake = datetime.now(UTC) + self._idle_wait
         return batch
 
     def _handle_errors(self, msgs: list[Message]) -> None:
@@ -250,10 +226,10 @@ class _KafkaPartition(StatefulSourcePartition[KafkaMessage, int | None]):
                 continue
             if err.code() == KafkaError._PARTITION_EOF:
                 self._eof = self._stop_at_end
-            elif err.fatal() or err.code() in _PERMANENT:
-                self._fatal = f"{err.name()}: {err.str()}"
+            elif err.fatal() or err.code() in PERMANENT:
+                raise InfraError(f"kafka source {self._name}: {err.name()}: {err.str()}")
             else:
-                self._warn(err)
+                self._feed.shared.warn(err, self._name)
 
     @staticmethod
     def _message(msg: Message) -> KafkaMessage:
@@ -267,9 +243,10 @@ class _KafkaPartition(StatefulSourcePartition[KafkaMessage, int | None]):
             timestamp_ms=ts if ts_type else None,
         )
 
-    def next_awake(self) -> datetime | None:
-        """Poll again at once after a full batch, after `idle_wait` after an empty one."""
-        return self._awake
+    def next_awake(self) -> None:
+        """Bytewax's default: at once after records, after its 1 ms cooldown after none (an
+        idle worker then waits in the shared consumer's poll, not in Bytewax's loop)."""
+        return None
 
     def snapshot(self) -> int | None:
         """The next offset to read (None: nothing read yet, start from `start_at` again)."""
@@ -277,7 +254,7 @@ class _KafkaPartition(StatefulSourcePartition[KafkaMessage, int | None]):
 
     def close(self) -> None:
         """Called when a finite (stop_at_end) dataflow completes."""
-        self._consumer.close()
+        self._feed.close()
 
 
 @dataclass(frozen=True, slots=True)

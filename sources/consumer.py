@@ -1,0 +1,214 @@
+"""One Kafka consumer per worker, shared by every topic-partition the worker reads.
+
+    feed = worker_consumer(config).attach(TopicPartition(topic, partition, start))
+    feed.take(n, may_block=True) -> list[Message]                    records and partition events
+    feed.close()
+
+Why: Bytewax calls `next_batch` on each source partition separately, and each partition used
+to own a `Consumer` and poll it every 10-20 ms. With a dozen partitions per job and 20 jobs the
+idle stack woke hundreds of times a second, and the broker answered a long-poll fetch of every
+one of some 150 consumers (its own CPU grew with their count). Now the partitions a worker
+thread reads share one `Consumer` per client configuration (librdkafka fetches all of them in
+one request), and each keeps a buffer that the shared consumer fills.
+
+Waking: when the worker is idle (the last poll in this thread returned nothing, no buffer holds
+anything) the first partition asked for records in a new activation blocks in `consume()` for up
+to `IDLE_BLOCK_S` with the GIL released: the broker wakes the worker when data arrives, instead
+of the worker waking every few milliseconds to look. The other partitions of the same
+activation (called within `SAME_ACTIVATION_S` of the previous call) never block, so a worker
+blocks at most once per activation. Timers of the job's other operators (windows, schedule
+buckets) fire at most `IDLE_BLOCK_S` late while it waits. A caller with other work pending
+(e.g. an audience expansion) passes `may_block=False`.
+
+Backpressure: a partition whose buffer exceeds `HIGH_WATER` records is paused in the consumer
+until the worker has taken its buffer below half of that.
+
+Threads: the registry is per thread (a Bytewax worker is one thread); feeds must be used from
+the thread that attached them.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Mapping
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+
+__all__ = ["IDLE_BLOCK_S", "PERMANENT", "Feed", "SharedConsumer", "worker_consumer"]
+
+log = logging.getLogger(__name__)
+
+IDLE_BLOCK_S = 0.2
+SAME_ACTIVATION_S = 0.0005
+HIGH_WATER = 20_000
+# Not retriable by waiting: the job cannot make progress on this partition.
+PERMANENT = frozenset(
+    {
+        KafkaError.TOPIC_AUTHORIZATION_FAILED,
+        KafkaError.GROUP_AUTHORIZATION_FAILED,
+        KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+        KafkaError._UNKNOWN_PARTITION,
+        KafkaError._SSL,
+        KafkaError._AUTHENTICATION,
+    }
+)
+# Settings that name one client instance; they do not make two configurations different.
+_INSTANCE_KEYS = frozenset({"client.id", "group.id", "error_cb"})
+
+
+class _Thread(threading.local):
+    """What one worker thread shares: its consumers and whether it is idle."""
+
+    def __init__(self) -> None:
+        self.consumers: dict[tuple[tuple[str, str], ...], SharedConsumer] = {}
+        self.idle = False
+        self.last_call = 0.0
+
+
+_local = _Thread()
+
+
+def worker_consumer(config: Mapping[str, Any]) -> SharedConsumer:
+    """This thread's consumer for `config` (made on first use; closed with its last feed)."""
+    key = tuple(sorted((k, str(v)) for k, v in config.items() if k not in _INSTANCE_KEYS))
+    shared = _local.consumers.get(key)
+    if shared is None:
+        shared = _local.consumers[key] = SharedConsumer(config, key)
+    return shared
+
+
+class SharedConsumer:
+    """A `Consumer` with manually assigned partitions, each read through its `Feed`."""
+
+    def __init__(self, config: Mapping[str, Any], key: tuple[tuple[str, str], ...]) -> None:
+        self._key = key
+        self.fatal: str | None = None
+        self._last_warning: dict[str, float] = {}
+        self._consumer = Consumer({**config, "error_cb": self._on_error})
+        self._feeds: dict[tuple[str, int], Feed] = {}
+        self._paused: set[tuple[str, int]] = set()
+
+    @property
+    def consumer(self) -> Consumer:
+        """The underlying client (watermarks, metadata)."""
+        return self._consumer
+
+    def _on_error(self, err: KafkaError) -> None:
+        if err.fatal() or err.code() in PERMANENT:
+            self.fatal = f"{err.name()}: {err.str()}"
+        else:
+            self.warn(err, "client")
+
+    def warn(self, err: KafkaError, where: str) -> None:
+        """Log a transient error, at most every 10 s per error code (librdkafka retries it)."""
+        now = time.monotonic()
+        if now - self._last_warning.get(err.name(), 0.0) > 10:
+            self._last_warning[err.name()] = now
+            log.warning("kafka_source.transient_error where=%s code=%s", where, err.name())
+
+    def attach(self, tp: TopicPartition) -> Feed:
+        """Assign `tp` from its offset; a feed left attached by an aborted run is replaced."""
+        ident = (tp.topic, tp.partition)
+        stale = self._feeds.get(ident)
+        if stale is not None:
+            self.detach(stale)
+        feed = Feed(self, ident)
+        self._feeds[ident] = feed
+        self._consumer.incremental_assign([tp])
+        return feed
+
+    def detach(self, feed: Feed) -> None:
+        """Unassign the feed's partition; the last one closes the consumer."""
+        if self._feeds.get(feed.ident) is not feed:
+            return
+        del self._feeds[feed.ident]
+        self._paused.discard(feed.ident)
+        self._consumer.incremental_unassign([TopicPartition(*feed.ident)])
+        if not self._feeds:
+            self._consumer.close()
+            if _local.consumers.get(self._key) is self:
+                del _local.consumers[self._key]
+
+    def fill(self, max_messages: int, timeout: float) -> int:
+        """Consume up to `max_messages` (waiting up to `timeout` s for the first) into the
+        feeds' buffers; the number of messages read."""
+        if timeout > 0:
+            # consume() waits for a whole batch or the timeout; poll() returns with the first
+            first = self._consumer.poll(timeout)
+            if first is None:
+                return 0
+            more = self._consumer.consume(max_messages - 1, 0) if max_messages > 1 else []
+            msgs = [first, *more]
+        else:
+            msgs = self._consumer.consume(max_messages, 0)
+        for msg in msgs:
+            ident = (msg.topic(), msg.partition())
+            feed = self._feeds.get(ident)  # type: ignore[arg-type]
+            if feed is not None:
+                feed.buffer.append(msg)
+            elif msg.error() is not None:
+                # a client-wide event (no partition): give it to every feed to judge
+                for each in self._feeds.values():
+                    each.buffer.append(msg)
+        if msgs:
+            self._pause_full()
+        return len(msgs)
+
+    def _pause_full(self) -> None:
+        feeds = self._feeds.items()
+        full = [i for i, f in feeds if i not in self._paused and len(f.buffer) > HIGH_WATER]
+        if full:
+            self._paused.update(full)
+            self._consumer.pause([TopicPartition(*i) for i in full])
+
+    def resume_if_drained(self, feed: Feed) -> None:
+        """Resume a paused partition once its buffer is below half the high-water mark."""
+        if feed.ident in self._paused and len(feed.buffer) < HIGH_WATER // 2:
+            self._paused.discard(feed.ident)
+            self._consumer.resume([TopicPartition(*feed.ident)])
+
+    def buffered(self) -> bool:
+        """Whether any feed holds records not taken yet."""
+        return any(f.buffer for f in self._feeds.values())
+
+
+class Feed:
+    """One topic-partition's view of a shared consumer."""
+
+    def __init__(self, shared: SharedConsumer, ident: tuple[str, int]) -> None:
+        self.shared = shared
+        self.ident = ident
+        self.buffer: deque[Message] = deque()
+
+    def take(self, max_messages: int, may_block: bool = True) -> list[Message]:
+        """Up to `max_messages` of this partition's messages (records and partition events).
+
+        Polls the shared consumer when the buffer is empty; blocks (see the module docstring)
+        only if `may_block` and the worker is idle at the start of an activation.
+        """
+        if not self.buffer:
+            started = time.monotonic()
+            block = (
+                may_block
+                and _local.idle
+                and started - _local.last_call > SAME_ACTIVATION_S
+                and not any(c.buffered() for c in _local.consumers.values())
+            )
+            read = self.shared.fill(max_messages, IDLE_BLOCK_S if block else 0.0)
+            _local.idle = read == 0
+        buf = self.buffer
+        n = min(max_messages, len(buf))
+        out = [buf.popleft() for _ in range(n)]
+        if out:
+            _local.idle = False
+            self.shared.resume_if_drained(self)
+        _local.last_call = time.monotonic()
+        return out
+
+    def close(self) -> None:
+        """Stop reading this partition (the consumer closes with its last feed)."""
+        self.shared.detach(self)

@@ -30,7 +30,7 @@ import httpx
 
 from herald.config import HeraldSettings, KafkaSettings, RegistrySettings
 
-__all__ = ["CpuSampler", "FullStack", "full_stack"]
+__all__ = ["ComponentCpu", "CpuSampler", "FullStack", "full_stack"]
 
 REPO = Path(__file__).resolve().parents[1]
 DEV_KEY = "hk_dev_local_do_not_use_in_production"  # the embedded stack's public dev key
@@ -92,6 +92,7 @@ class FullStack:
     def __init__(self, run_dir: Path) -> None:
         from infra.stack import read_state
 
+        self.run_dir = run_dir
         state = read_state(run_dir)
         if not state or not state.get("ready"):
             raise RuntimeError(f"no ready stack in {run_dir}")
@@ -119,6 +120,54 @@ class FullStack:
             f"/v1/users/{user_id}/contact-points", json={"phone": {"e164": phone, "verified": True}}
         )
         resp.raise_for_status()
+
+    def put_contacts(self, user_id: str, *, phone: str, email: str) -> None:
+        """A verified phone and email for `user_id` through the API."""
+        body = {"phone": {"e164": phone, "verified": True},
+                "email": {"address": email, "verified": True}}  # fmt: skip
+        self.api.put(f"/v1/users/{user_id}/contact-points", json=body).raise_for_status()
+
+    def load_segment(self, run_id: str, segment_id: str, users: int, channel: str) -> None:
+        """`users` campaign users on `channel` and their segment, as `herald demo` loads them
+        (contact points on the herald.devices changelog, the snapshot in ClickHouse)."""
+        from herald.config import ClickHouseSettings
+        from herald.demo.loader import load_audience
+        from infra.clickhouse import herald_client
+
+        ch = herald_client(ClickHouseSettings(dsn=self.state["env"]["HERALD_CLICKHOUSE_DSN"]))
+        try:
+            load_audience(self.settings, ch, run_id, segment_id, users, channel)
+        finally:
+            ch.close()
+
+    @staticmethod
+    def bulk_budget(provider: str) -> float:
+        """What bulk may use of `provider`'s default budget (rate − reserved)."""
+        from sinks.channels.settings import DispatchSettings
+
+        rate = DispatchSettings().rates[provider]
+        return rate.rate - rate.reserved
+
+    def kafka_baseline(self, n: int) -> dict[str, float]:
+        """Kafka consume→produce of up to `n` herald.delivery-events records, on this broker."""
+        from bench._harness import raw_baseline, topic_timestamps
+
+        available, _first, _last = topic_timestamps(self.settings, "herald.delivery-events")
+        return raw_baseline(self.settings, ["herald.delivery-events"], min(n, available))
+
+    def bare_client(self, channel: str, n: int) -> dict[str, Any]:
+        """The bare provider client of `channel` against this stack's simulator (its sends
+        count in the simulator's stats)."""
+        import json
+
+        from bench.dispatch import CHANNEL_SIM, raw_client_with
+        from sinks.channels.simenv import client_env
+
+        name = CHANNEL_SIM[channel]
+        creds = json.loads((self.run_dir / "simulators" / name / "credentials.json").read_text())
+        return raw_client_with(
+            channel, client_env(name, creds), self.state["env"]["HERALD_REDIS_URL"], n
+        )
 
     def post(self, body: dict[str, Any]) -> tuple[str, float]:
         """POST /v1/notifications; (notification_id, epoch seconds when the request was sent)."""
@@ -232,3 +281,58 @@ class CpuSampler:
         """Mean busy fraction of the samples taken within [start, end]."""
         vals = [b for t, b in self.samples if start <= t <= end]
         return sum(vals) / len(vals) if vals else None
+
+
+class ComponentCpu:
+    """CPU of every component of a stack (its process and their children), in % of one core.
+
+    cpu.measure(60) -> {"total": 14.2, "by_component": {"kafka": 6.1, ...}}
+    cpu.start(); ...; cpu.stop() -> the same over the time between
+    """
+
+    def __init__(self, run_dir: Path) -> None:
+        from infra.stack import read_state
+
+        state = read_state(run_dir) or {}
+        self.pids = {n: int(c["pid"]) for n, c in state.get("components", {}).items()
+                     if c.get("pid")}  # fmt: skip
+        self._start: tuple[float, dict[str, int]] | None = None
+
+    @staticmethod
+    def _tree(pid: int) -> list[int]:
+        out = [pid]
+        try:
+            for task in Path(f"/proc/{pid}/task").iterdir():
+                for child in (task / "children").read_text().split():
+                    out += ComponentCpu._tree(int(child))
+        except OSError:
+            pass
+        return out
+
+    @staticmethod
+    def _ticks(pid: int) -> int:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return 0
+        return int(fields[11]) + int(fields[12])
+
+    def _read(self) -> dict[str, int]:
+        return {n: sum(map(self._ticks, self._tree(p))) for n, p in self.pids.items()}
+
+    def start(self) -> None:
+        self._start = (time.monotonic(), self._read())
+
+    def stop(self) -> dict[str, Any]:
+        assert self._start is not None, "start() first"
+        t0, before = self._start
+        after, seconds = self._read(), time.monotonic() - t0
+        hz = os.sysconf("SC_CLK_TCK")
+        by = {n: round((after[n] - before.get(n, 0)) / hz / seconds * 100, 2) for n in after}
+        return {"seconds": round(seconds, 1), "total": round(sum(by.values()), 1),
+                "by_component": by}  # fmt: skip
+
+    def measure(self, seconds: float) -> dict[str, Any]:
+        self.start()
+        time.sleep(seconds)
+        return self.stop()

@@ -251,11 +251,18 @@ async def _raw_client(
 
 def raw_client(channel: str, sims: dict[str, RunningSimulator], redis_url: str, n: int) -> dict:
     """The bare provider client of `channel` against its simulator: sends/s, CPU per send."""
+    name = CHANNEL_SIM[channel]
+    env = client_env(name, sims[name].credentials()) if name is not None else {}
+    return raw_client_with(channel, env, redis_url, n)
+
+
+def raw_client_with(channel: str, env: dict[str, str], redis_url: str, n: int) -> dict:
+    """`raw_client` with the client's settings given as its environment variables."""
     from sinks.channels.clients import default_factories
 
     name = CHANNEL_SIM[channel]
     if name is not None:
-        os.environ.update(client_env(name, sims[name].credentials()))  # this process only
+        os.environ.update(env)  # this process only
         os.environ["HERALD_APNS_MAX_CONCURRENCY"] = "1000"
     make = default_factories(redis_url)[name or "inbox"]
     seconds, ok, used = asyncio.run(_raw_client(make, channel, n, 1000))

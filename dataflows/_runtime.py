@@ -8,6 +8,7 @@
                                       what a job process runs)
     keep_long_lived(added)            gc.freeze() what the process holds, at the latest every
                                       FREEZE_EVERY objects kept (the plan job's user table)
+    defer_interrupts()                SIGINT stops the job through Bytewax's own signal check
 
 Garbage collector: CPython's default thresholds (700, 10, 10) collect the youngest generation
 every 700 container allocations and everything every 100 of those. A job allocates a few dicts
@@ -30,6 +31,13 @@ user) would still be scanned by every middle-generation collection until promote
 full one after: `keep_long_lived` moves it out of the collector's reach with `gc.freeze()`.
 Frozen objects are still freed by reference counting; only cyclic garbage that happened to be
 alive at a freeze is never reclaimed, which is why the jobs freeze at a few known points.
+
+Interrupts: an idle job waits in its Kafka source's poll (sources/consumer.py), inside Python,
+so a SIGINT would raise KeyboardInterrupt there: Bytewax reports it as an error of the source
+instead of stopping in order ("signal received"). `defer_interrupts` installs a SIGINT handler
+that raises only where Bytewax checks for signals between steps (no Python frame of the job
+running: the current frame is bytewax.run's call of its runtime); taken anywhere else, the
+signal is delivered again every 2 ms until one lands in Bytewax's check.
 """
 
 from __future__ import annotations
@@ -37,7 +45,11 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import signal
 import sys
+import threading
+import time
+from types import FrameType
 
 from herald.metrics import MetricsSettings, serve_metrics
 
@@ -45,6 +57,7 @@ __all__ = [
     "GC_THRESHOLDS",
     "SWITCH_INTERVAL_S",
     "configure_process",
+    "defer_interrupts",
     "keep_long_lived",
     "tune_runtime",
 ]
@@ -63,7 +76,39 @@ def configure_process() -> int | None:
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
     tune_runtime()
+    defer_interrupts()
     return serve_metrics(MetricsSettings())
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    if frame is None or frame.f_code.co_filename.endswith(_BYTEWAX_RUN):
+        raise KeyboardInterrupt
+    _resend(signum)
+
+
+_BYTEWAX_RUN = os.path.join("bytewax", "run.py")
+_resending: set[int] = set()
+
+
+def _resend(signum: int) -> None:
+    """Deliver `signum` again every 2 ms (from a daemon thread) until Bytewax's check takes it:
+    between its steps the worker spends milliseconds outside Python."""
+    if signum in _resending:
+        return
+    _resending.add(signum)
+
+    def again() -> None:
+        while True:
+            time.sleep(0.002)
+            os.kill(os.getpid(), signum)
+
+    threading.Thread(target=again, name="interrupt-resend", daemon=True).start()
+
+
+def defer_interrupts() -> None:
+    """SIGINT raises KeyboardInterrupt only in Bytewax's signal check (module docstring)."""
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _interrupt)
 
 
 def tune_runtime() -> None:

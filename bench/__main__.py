@@ -32,6 +32,8 @@ from bench._report import render
 # name -> (callable "module:function" returning a Result dict given quick=..., timeout s).
 # Timeouts are a safety net for a wedged scenario, generous for a loaded machine.
 SCENARIOS: dict[str, tuple[str, float]] = {
+    # the whole stack first (SPEC §6: these are the figures that count); components follow
+    "fullstack": ("bench.fullstack:result", 1200),
     "api_accept": ("bench._adapters:api_accept", 300),
     "plan": ("bench._adapters:plan", 600),
     "digest": ("bench._adapters:digest", 420),

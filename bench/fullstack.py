@@ -316,9 +316,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--users", type=int, default=50_000, help="push campaign audience")
     parser.add_argument("--email-users", type=int, default=20_000, help="email campaign audience")
     parser.add_argument("--idle", type=float, default=60.0, help="seconds of each idle window")
-    parser.add_argument("--quick", action="store_true", help="small volumes (a smoke run)")
+    parser.add_argument(
+        "--quick", action="store_true", help="2,000 + 500 users, 10 s idle windows (a smoke run)"
+    )
     parser.add_argument("--json", type=Path, help="write the result here")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.users, args.email_users, args.idle = 2_000, 500, 10.0
     raw = run(args.users, args.email_users, args.idle, quick=args.quick)
     res = result_of(raw)
     for fig in res["figures"]:

@@ -359,7 +359,7 @@ def http_app(name: str, module: str, url_name: str | None = None) -> Component:
 # Jobs on the transactional path to the provider: the broker answers their idle fetches
 # sooner (sources.kafka.consumer_config: Tansu finds a record in a waiting fetch after about a
 # sixth of the wait on average), at the cost of more looks per second on the broker.
-TRANSACTIONAL_FETCH_WAIT_MS = 50
+TRANSACTIONAL_FETCH_WAIT_MS = 100
 
 
 def _transactional_env(ctx: Ctx) -> dict[str, str]:

@@ -164,10 +164,42 @@ class FullStack:
         from sinks.channels.simenv import client_env
 
         name = CHANNEL_SIM[channel]
+        if name is None:
+            raise ValueError(f"channel {channel!r} has no provider simulator")
         creds = json.loads((self.run_dir / "simulators" / name / "credentials.json").read_text())
         return raw_client_with(
             channel, client_env(name, creds), self.state["env"]["HERALD_REDIS_URL"], n
         )
+
+    def quiesce(
+        self, topics: tuple[str, ...], still_s: float = 5.0, limit_s: float = 180.0
+    ) -> float:
+        """Wait until no record was added to `topics` for `still_s` (the stack has finished the
+        work in flight: receipts, loads); the seconds waited."""
+        from confluent_kafka import Consumer, TopicPartition
+
+        kafka = self.settings.kafka
+        consumer = Consumer({**kafka.client_config(), "group.id": "bench"})
+        started = time.monotonic()
+
+        def ends() -> int:
+            total = 0
+            for name in topics:
+                topic = kafka.topic(name)
+                for p in consumer.list_topics(topic, timeout=10).topics[topic].partitions:
+                    total += consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+            return total
+
+        try:
+            last, since = ends(), time.monotonic()
+            while time.monotonic() - since < still_s and time.monotonic() - started < limit_s:
+                time.sleep(1)
+                now = ends()
+                if now != last:
+                    last, since = now, time.monotonic()
+        finally:
+            consumer.close()
+        return time.monotonic() - started
 
     def post(self, body: dict[str, Any]) -> tuple[str, float]:
         """POST /v1/notifications; (notification_id, epoch seconds when the request was sent)."""

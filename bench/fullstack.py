@@ -39,6 +39,8 @@ __all__ = ["main", "result", "run"]
 
 STAGES = ("PLANNED", "SENDING", "PROVIDER_ACCEPTED")
 OTP_TYPE, RESET_TYPE = "otp_login", "password_reset"
+# the stack's own work after a campaign: events, receipts, status, dead letters
+QUIET_TOPICS = ("herald.delivery-events", "herald.receipts.raw", "herald.dead-letters")
 
 
 def _say(what: str) -> None:
@@ -46,9 +48,15 @@ def _say(what: str) -> None:
 
 
 def _transactional(
-    stack: FullStack, kind: str, users: list[str], interval: float, tag: str
+    stack: FullStack,
+    kind: str,
+    users: list[str],
+    interval: float,
+    tag: str,
+    nids: dict[str, str] | None = None,
 ) -> dict[str, float]:
-    """POST one `kind` per user every `interval` s; {provider address: send time}."""
+    """POST one `kind` per user every `interval` s; {provider address: send time} (and
+    {notification_id: provider address} into `nids`)."""
     sent: dict[str, float] = {}
     next_at = time.monotonic()
     for i, user in enumerate(users):
@@ -59,8 +67,11 @@ def _transactional(
             if kind == OTP_TYPE
             else {"reset_url": f"https://example.test/reset/{i}"}
         )
-        _nid, at = stack.post(body)
-        sent[_phone(user) if kind == OTP_TYPE else _email(user)] = at
+        nid, at = stack.post(body)
+        address = _phone(user) if kind == OTP_TYPE else _email(user)
+        sent[address] = at
+        if nids is not None:
+            nids[nid] = address
         next_at += interval
         time.sleep(max(0.0, next_at - time.monotonic()))
     return sent
@@ -87,6 +98,27 @@ def _latencies(stack: FullStack, sim: str, sent: dict[str, float], timeout: floa
         if len(first) == len(sent) or time.monotonic() > deadline:
             return [first[a] - sent[a] for a in sent if a in first]
         time.sleep(1)
+
+
+def _hops(stack: FullStack, nids: dict[str, str], sent: dict[str, float]) -> dict[str, Any]:
+    """p50/p99 ms of each hop of these notifications: POST → PLANNED (API, Kafka, plan) →
+    SENDING (Kafka, dispatch's guard and checks) → PROVIDER_ACCEPTED (the provider call)."""
+    events = stack.delivery_events(("notification_id", "state", "occurred_at"))
+    at: dict[str, dict[str, float]] = {}
+    for ev in events:
+        if ev["notification_id"] in nids and ev["state"] in STAGES:
+            at.setdefault(ev["notification_id"], {}).setdefault(
+                ev["state"], ev["occurred_at"].timestamp()
+            )
+    hops: dict[str, list[float]] = {"POST→PLANNED": [], "PLANNED→SENDING": [],
+                                    "SENDING→PROVIDER_ACCEPTED": []}  # fmt: skip
+    for nid, times in at.items():
+        if len(times) < len(STAGES):
+            continue
+        hops["POST→PLANNED"].append(times["PLANNED"] - sent[nids[nid]])
+        hops["PLANNED→SENDING"].append(times["SENDING"] - times["PLANNED"])
+        hops["SENDING→PROVIDER_ACCEPTED"].append(times["PROVIDER_ACCEPTED"] - times["SENDING"])
+    return {hop: {"p50": _ms(v, 0.5), "p99": _ms(v, 0.99), "n": len(v)} for hop, v in hops.items()}
 
 
 def _drain(
@@ -183,8 +215,10 @@ def run(users: int, email_users: int, idle_s: float, quick: bool = False) -> dic
         # the first message through freshly started jobs (connections, registry lookups)
         warm = _transactional(stack, OTP_TYPE, txn_users[-1:], 0.0, f"{tag}-warm")
         _latencies(stack, "sms_a", warm, 60)
-        sent = _transactional(stack, OTP_TYPE, txn_users[:otps], 0.05, f"{tag}-idle")
+        nids: dict[str, str] = {}
+        sent = _transactional(stack, OTP_TYPE, txn_users[:otps], 0.05, f"{tag}-idle", nids)
         out["otp_idle_s"] = _latencies(stack, "sms_a", sent, 60)
+        out["otp_idle_hops"] = _hops(stack, nids, sent)
         sent = _transactional(stack, RESET_TYPE, txn_users[:resets], 0.1, f"{tag}-idle")
         out["reset_idle_s"] = _latencies(stack, "email", sent, 60)
         push = _campaign(stack, "push", users, tag, ComponentCpu(stack.run_dir))
@@ -207,8 +241,8 @@ def run(users: int, email_users: int, idle_s: float, quick: bool = False) -> dic
         out["email"] = {"nid": nid, "start": start, "samples": samples, "rate_whole": whole,
                         "rate_steady": steady, "budget": stack.bulk_budget("email")}  # fmt: skip
         out["email_timeline"] = _timeline(stack, nid, start)
-        _say(f"idle again for {idle_s:.0f} s")
-        time.sleep(5)
+        out["quiesce_s"] = stack.quiesce(QUIET_TOPICS)
+        _say(f"work in flight done after {out['quiesce_s']:.0f} s; idle again for {idle_s:.0f} s")
         out["idle_after"] = components.measure(idle_s)
         _say("raw baselines")
         out["kafka_baseline"] = stack.kafka_baseline(20_000 if quick else 100_000)
@@ -257,9 +291,12 @@ def result_of(raw: dict[str, Any]) -> dict[str, Any]:
     ]  # fmt: skip
     notes = [
         "idle CPU by component after start (% of one core): " + _top(idle0["by_component"]),
-        "idle CPU by component after the campaigns: " + _top(idle1["by_component"]),
+        f"idle CPU by component after the campaigns (measured once no event, receipt or dead "
+        f"letter had been added for 5 s: {raw['quiesce_s']:.0f} s after the email campaign "
+        "drained): " + _top(idle1["by_component"]),
         "CPU by component while the push campaign drained: "
         + _top(push["cpu"].get("by_component", {})),
+        f"OTP hops on the idle stack (ms, Herald's event times): {raw['otp_idle_hops']}",
         f"push stage lag (s from the POST until half of the stage's events): "
         f"{_lag(raw['push_timeline'])}",
         f"transactional messages measured: {len(raw['otp_idle_s'])} OTPs idle, "

@@ -28,7 +28,9 @@ from herald.planning import CaughtUp
 from sources.consumer import Feed, worker_consumer
 from sources.kafka import KafkaMessage, KafkaSource, consumer_config
 
-__all__ = ["ChangelogSource"]
+__all__ = ["CHANGELOG_FETCH_WAIT_MS", "ChangelogSource"]
+
+CHANGELOG_FETCH_WAIT_MS = 1000
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +58,12 @@ class ChangelogSource(FixedPartitionedSource[KafkaMessage | CaughtUp, None]):
     def build_part(self, step_id: str, for_part: str, resume_state: None) -> _ChangelogPartition:
         """Always from the beginning: a changelog partition has no resume state."""
         idx, topic = for_part.split("-", 1)
-        shared = worker_consumer(consumer_config(self.kafka, step_id))
+        config = consumer_config(self.kafka, step_id)
+        # Not on the latency path (writes through the API reach plan by the Redis copy): a long
+        # wait costs the broker fewer looks, and another consumer keeps these partitions out of
+        # the fetches of the job's latency-critical one (sources/consumer.py).
+        config["fetch.wait.max.ms"] = max(CHANGELOG_FETCH_WAIT_MS, self.kafka.fetch_wait_ms)
+        shared = worker_consumer(config)
         feed = shared.attach(TopicPartition(topic, int(idx), OFFSET_BEGINNING))
         return _ChangelogPartition(for_part, feed, self.batch_size, self.bounded)
 

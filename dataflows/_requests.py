@@ -59,6 +59,11 @@ class Expansion:
 
 State = tuple[int | None, tuple[Expansion, ...]]
 
+# Audience batches read from the store in one query: a query's cost is mostly its own (a round
+# trip, and the embedded ClickHouse runs one statement at a time, behind the warehouse's
+# inserts during a campaign), not its rows.
+PAGE_BATCHES = 10
+
 
 class RequestSource(FixedPartitionedSource[Item, State]):
     """See the module docstring. `audience()` builds a store per partition (on first use)."""
@@ -173,19 +178,24 @@ class _RequestPartition(StatefulSourcePartition[Item, State]):
         return out
 
     def _expand(self) -> list[Item]:
+        """The next page of the oldest expansion as audience batches (`PAGE_BATCHES` batches a
+        query, one when paced); the cursor moves past everything returned."""
         exp = self._expansions[0]
         if self._store is None:
             self._store = self._src.audience()
         assert exp.request.segment_id is not None
-        members = self._store.page(exp.request.segment_id, exp.cursor, self._src.batch_size)
+        size = self._src.batch_size
+        want = size if self._src.pace is not None else size * PAGE_BATCHES
+        members = self._store.page(exp.request.segment_id, exp.cursor, want)
         if self._src.pace is not None:
             self._next_expansion = datetime.now(UTC) + self._src.pace
-        last = len(members) < self._src.batch_size
+        last = len(members) < want
+        chunks = [members[i : i + size] for i in range(0, len(members), size)]
         if last:
             self._expansions.pop(0)
             log.info(
                 "plan.audience_done notification_id=%s batches=%d users=%d",
-                exp.request.notification_id, exp.batch_no + (1 if members else 0),
+                exp.request.notification_id, exp.batch_no + len(chunks),
                 exp.users + len(members),
             )  # fmt: skip
             if not members and exp.batch_no == 0:
@@ -193,23 +203,21 @@ class _RequestPartition(StatefulSourcePartition[Item, State]):
         else:
             self._expansions[0] = replace(
                 exp,
-                batch_no=exp.batch_no + 1,
+                batch_no=exp.batch_no + len(chunks),
                 cursor=members[-1][0],
                 users=exp.users + len(members),
             )
-        if not members:
-            return []
-        log.debug(
-            "plan.audience_batch notification_id=%s batch=%d",
-            exp.request.notification_id,
-            exp.batch_no,
-        )
-        if exp.batch_no % 100 == 0:
-            log.info(
-                "plan.audience_batch notification_id=%s batch=%d users=%d",
-                exp.request.notification_id, exp.batch_no, exp.users + len(members),
-            )  # fmt: skip
-        return [AudienceBatch(exp.request, exp.batch_no, tuple(members), last)]
+        out: list[Item] = []
+        for i, chunk in enumerate(chunks):
+            batch_no = exp.batch_no + i
+            if batch_no % 100 == 0:
+                log.info(
+                    "plan.audience_batch notification_id=%s batch=%d users=%d",
+                    exp.request.notification_id, batch_no, exp.users + i * size + len(chunk),
+                )  # fmt: skip
+            final = last and i == len(chunks) - 1
+            out.append(AudienceBatch(exp.request, batch_no, tuple(chunk), final))
+        return out
 
 
 def _empty_segment(request: PlanRequest) -> dict[str, Any]:

@@ -316,6 +316,7 @@ def bytewax_job(
         ports=(metrics_port, *(cluster if index == 0 else ())),
         env=lambda ctx: {
             "HERALD_METRICS_PORT": str(ctx.port(metrics_port)),
+            "HERALD_KAFKA_FETCH_WAIT_MS": str(fetch_wait_ms(name)),
             **(extra_env(ctx) if extra_env else {}),
         },
         job=name,
@@ -356,18 +357,26 @@ def http_app(name: str, module: str, url_name: str | None = None) -> Component:
     )
 
 
-# Jobs on the transactional path to the provider: the broker answers their idle fetches
-# sooner (sources.kafka.consumer_config: Tansu finds a record in a waiting fetch after about a
-# sixth of the wait on average), at the cost of more looks per second on the broker.
-TRANSACTIONAL_FETCH_WAIT_MS = 100
+# How long the broker may hold an idle job's fetch (HERALD_KAFKA_FETCH_WAIT_MS): on Tansu a
+# record reaches an idle job after about a sixth of this on average (at most half), and each
+# waiting fetch costs the broker about log2(wait in ms) looks at its partitions
+# (sources.kafka.consumer_config). Under load fetches return full, whatever the wait.
+FETCH_WAIT_MS = {
+    # the transactional path to the provider: OTP accept -> provider p50 <= 50 ms
+    "plan_transactional": 50,
+    "dispatch_transactional": 50,
+    # a transactional retry is due 0.5 s after a failure at the earliest
+    "retry_transactional": 200,
+    # user-facing normal traffic (comments, orders)
+    "plan_normal": 200,
+    "dispatch_normal": 200,
+}
+BACKGROUND_FETCH_WAIT_MS = 1000  # every other job: campaigns, digests, holds, receipts, loads
 
 
-def _transactional_env(ctx: Ctx) -> dict[str, str]:
-    return {"HERALD_KAFKA_FETCH_WAIT_MS": str(TRANSACTIONAL_FETCH_WAIT_MS)}
-
-
-def _transactional_dispatch_env(ctx: Ctx) -> dict[str, str]:
-    return {**simulator_client_env(ctx), **_transactional_env(ctx)}
+def fetch_wait_ms(job: str) -> int:
+    """The broker fetch wait of a job's sources (see FETCH_WAIT_MS)."""
+    return FETCH_WAIT_MS.get(job, BACKGROUND_FETCH_WAIT_MS)
 
 
 BYTEWAX_JOBS: list[tuple[str, str, Callable[[Ctx], dict[str, str]] | None]] = [
@@ -375,11 +384,7 @@ BYTEWAX_JOBS: list[tuple[str, str, Callable[[Ctx], dict[str, str]] | None]] = [
     ("digest", "dataflows.digest:build_flow()", None),
     # one planning job per traffic class: a bulk backlog never delays transactional planning
     *(
-        (
-            f"plan_{cls}",
-            f"dataflows.plan:build_flow(traffic_class='{cls}')",
-            _transactional_env if cls == "transactional" else None,
-        )
+        (f"plan_{cls}", f"dataflows.plan:build_flow(traffic_class='{cls}')", None)
         for cls in ("transactional", "normal", "bulk")
     ),
     ("schedule", "dataflows.schedule:build_flow()", None),
@@ -391,7 +396,7 @@ BYTEWAX_JOBS: list[tuple[str, str, Callable[[Ctx], dict[str, str]] | None]] = [
         (
             f"dispatch_{cls}",
             f"dataflows.dispatch:build_flow(channel='all', traffic_class='{cls}')",
-            _transactional_dispatch_env if cls == "transactional" else simulator_client_env,
+            simulator_client_env,
         )
         for cls in ("transactional", "normal")
     ),

@@ -12,10 +12,13 @@ thread reads share one `Consumer` per client configuration (librdkafka fetches a
 one request), and each keeps a buffer that the shared consumer fills.
 
 Waking: when the worker is idle (the last poll in this thread returned nothing, no buffer holds
-anything) the first partition asked for records in a new activation blocks in `consume()` for up
-to `IDLE_BLOCK_S` with the GIL released: the broker wakes the worker when data arrives, instead
-of the worker waking every few milliseconds to look. The other partitions of the same
-activation (called within `SAME_ACTIVATION_S` of the previous call) never block, so a worker
+anything) the first partition of the *primary* consumer asked for records in a new activation
+blocks in `poll()` for up to `IDLE_BLOCK_S` with the GIL released: the broker wakes the worker
+when data arrives, instead of the worker waking every few milliseconds to look. The primary
+consumer is the thread's one with the shortest broker fetch wait (`fetch.wait.max.ms`): the
+latency-critical topics; a consumer with a longer wait (the plan job's changelogs) is polled
+without blocking, so its records wait for the primary's next wake (at most `IDLE_BLOCK_S`).
+Partitions called within `SAME_ACTIVATION_S` of the end of a block never block, so a worker
 blocks at most once per activation. Timers of the job's other operators (windows, schedule
 buckets) fire at most `IDLE_BLOCK_S` late while it waits. A caller with other work pending
 (e.g. an audience expansion) passes `may_block=False`.
@@ -66,7 +69,7 @@ class _Thread(threading.local):
     def __init__(self) -> None:
         self.consumers: dict[tuple[tuple[str, str], ...], SharedConsumer] = {}
         self.idle = False
-        self.last_call = 0.0
+        self.last_block = 0.0
 
 
 _local = _Thread()
@@ -81,11 +84,17 @@ def worker_consumer(config: Mapping[str, Any]) -> SharedConsumer:
     return shared
 
 
+def _primary() -> SharedConsumer | None:
+    """The thread's consumer with the shortest fetch wait (see the module docstring)."""
+    return min(_local.consumers.values(), key=lambda c: c.fetch_wait_ms, default=None)
+
+
 class SharedConsumer:
     """A `Consumer` with manually assigned partitions, each read through its `Feed`."""
 
     def __init__(self, config: Mapping[str, Any], key: tuple[tuple[str, str], ...]) -> None:
         self._key = key
+        self.fetch_wait_ms = int(config.get("fetch.wait.max.ms", 500))
         self.fatal: str | None = None
         self._last_warning: dict[str, float] = {}
         self._consumer = Consumer({**config, "error_cb": self._on_error})
@@ -113,9 +122,9 @@ class SharedConsumer:
     def attach(self, tp: TopicPartition) -> Feed:
         """Assign `tp` from its offset; a feed left attached by an aborted run is replaced."""
         ident = (tp.topic, tp.partition)
-        stale = self._feeds.get(ident)
-        if stale is not None:
-            self.detach(stale)
+        if self._feeds.pop(ident, None) is not None:
+            self._paused.discard(ident)
+            self._consumer.incremental_unassign([TopicPartition(*ident)])
         feed = Feed(self, ident)
         self._feeds[ident] = feed
         self._consumer.incremental_assign([tp])
@@ -195,18 +204,20 @@ class Feed:
             block = (
                 may_block
                 and _local.idle
-                and started - _local.last_call > SAME_ACTIVATION_S
+                and started - _local.last_block > SAME_ACTIVATION_S
+                and self.shared is _primary()
                 and not any(c.buffered() for c in _local.consumers.values())
             )
             read = self.shared.fill(max_messages, IDLE_BLOCK_S if block else 0.0)
             _local.idle = read == 0
+            if block:
+                _local.last_block = time.monotonic()
         buf = self.buffer
         n = min(max_messages, len(buf))
         out = [buf.popleft() for _ in range(n)]
         if out:
             _local.idle = False
             self.shared.resume_if_drained(self)
-        _local.last_call = time.monotonic()
         return out
 
     def close(self) -> None:

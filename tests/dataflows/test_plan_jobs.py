@@ -112,6 +112,28 @@ def test_segment_fan_out_resumes_after_sigkill(
     assert delivered == {ids.delivery_id(nid, u, "inapp") for u in users}
 
 
+def test_unpaced_segment_is_read_in_pages_of_several_batches(
+    settings: HeraldSettings, subprocess_env: dict[str, str], tmp_path: Path
+) -> None:
+    """12,345 users, unpaced: two queries of 10 batches, each user planned once, in batches of
+    1,000 numbered 0-12 (the last one short)."""
+    p = settings.kafka.topic_prefix
+    users = [f"{p}m{i:05d}" for i in range(12_345)]
+    load_segment(settings.clickhouse, f"{p}seg", users)
+    nid = f"{p}announce"
+    job = Job(subprocess_env, tmp_path / "job.log", IMPORT)
+    try:
+        send(settings, "herald.requests.bulk", [announcement(nid, segment=f"{p}seg")],
+             "notification_id")  # fmt: skip
+        events = wait_for(settings, EVENTS, lambda r: len(planned_users(r, nid)) >= 12_345, job=job)
+    finally:
+        output = job.stop()
+    assert_no_job_errors(output)
+    assert f"plan.audience_done notification_id={nid} batches=13 users=12345" in output
+    planned = Counter(e["user_id"] for e in events if e["notification_id"] == nid)
+    assert set(planned) == set(users) and set(planned.values()) == {1}
+
+
 def test_opt_out_mid_campaign_stops_remaining_deliveries(
     settings: HeraldSettings, subprocess_env: dict[str, str], tmp_path: Path
 ) -> None:

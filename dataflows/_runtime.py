@@ -37,7 +37,8 @@ so a SIGINT would raise KeyboardInterrupt there: Bytewax reports it as an error 
 instead of stopping in order ("signal received"). `defer_interrupts` installs a SIGINT handler
 that raises only where Bytewax checks for signals between steps (no Python frame of the job
 running: the current frame is bytewax.run's call of its runtime); taken anywhere else, the
-signal is delivered again every 2 ms until one lands in Bytewax's check.
+signal is delivered again every 2 ms until one lands in Bytewax's check. Once Bytewax has it,
+further SIGINTs are ignored while the job stops (SIGTERM and SIGKILL still end it).
 """
 
 from __future__ import annotations
@@ -48,7 +49,6 @@ import os
 import signal
 import sys
 import threading
-import time
 from types import FrameType
 
 from herald.metrics import MetricsSettings, serve_metrics
@@ -81,13 +81,17 @@ def configure_process() -> int | None:
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
+    if _taken.is_set():
+        return  # Bytewax has it: the job is stopping
     if frame is None or frame.f_code.co_filename.endswith(_BYTEWAX_RUN):
+        _taken.set()
         raise KeyboardInterrupt
     _resend(signum)
 
 
 _BYTEWAX_RUN = os.path.join("bytewax", "run.py")
 _resending: set[int] = set()
+_taken = threading.Event()
 
 
 def _resend(signum: int) -> None:
@@ -98,8 +102,7 @@ def _resend(signum: int) -> None:
     _resending.add(signum)
 
     def again() -> None:
-        while True:
-            time.sleep(0.002)
+        while not _taken.wait(0.002):
             os.kill(os.getpid(), signum)
 
     threading.Thread(target=again, name="interrupt-resend", daemon=True).start()

@@ -16,13 +16,24 @@ user's keys live in one slot and multi-key scripts on them work on a cluster.
     otp:verified:{nid}          string  set once by POST /v1/otp/{nid}/verified
     otp:stats:<yyyymmddhh>      hash    "<type>:sent" / "<type>:verified" counters, TTL 48 h
     prefs:{user}                string  JSON user_preferences record (copy written after Kafka ack)
-    prefs:{user}:version        int     INCR source of the record's version
+    prefs:{user}:version        int     last version handed out (herald.versions; NEXT_VERSION)
     cp:{user}                   string  JSON contact_points record (copy written after Kafka ack)
     cp:{user}:lock              string  read-modify-write lock of the contact points
+    users:{<p>}:pos             hash    "<partition>-<topic>" -> next changelog offset the copies
+                                        hold (the users job, dataflows/users.py); <p> = the
+                                        Kafka topic prefix (one stack's changelogs)
+    users:{<p>}:ready           hash    "<partition>-<topic>" -> 1 once the users job has written
+                                        that changelog partition up to its end
+    users:{<p>}:restored        string  set when every changelog partition is ready: the copies
+                                        hold every user; missing after Redis lost them
     inbox:{user}:items          zset    item_id scored by created_at ms (newest = highest)
     inbox:{user}:data           hash    item_id -> JSON inbox item
     inbox:{user}:unread         set     unread item ids (SCARD = unread count)
     inbox:{user}:events         pubsub  channel: {"type": "item"|"unread", ...} for WebSockets
+
+The copies (`prefs:{user}`, `cp:{user}`) are written with `COPY_IF_NEWER` by the API after
+Kafka's ack and by the users job from the changelogs, so an older record never replaces a newer
+one whichever writes last.
 
 Phone numbers and device ids never appear in key names: OTP limit keys use a SHA-256 prefix.
 """
@@ -91,3 +102,27 @@ def inbox_unread(user_id: str) -> str:
 
 def inbox_channel(user_id: str) -> str:
     return f"inbox:{{{user_id}}}:events"
+
+
+def users_positions(topic_prefix: str) -> str:
+    return f"users:{{{topic_prefix}}}:pos"
+
+
+def users_ready(topic_prefix: str) -> str:
+    return f"users:{{{topic_prefix}}}:ready"
+
+
+def users_restored(topic_prefix: str) -> str:
+    return f"users:{{{topic_prefix}}}:restored"
+
+
+# Write a copy only when it is newer than what Redis holds. KEYS[1]; ARGV: json, version
+COPY_IF_NEWER = """
+local cur = redis.call('GET', KEYS[1])
+if cur then
+  local ok, held = pcall(cjson.decode, cur)
+  if ok and tonumber(held['version']) >= tonumber(ARGV[2]) then return 0 end
+end
+redis.call('SET', KEYS[1], ARGV[1])
+return 1
+"""

@@ -26,6 +26,8 @@ from pydantic import (
     model_validator,
 )
 
+from herald.versions import next_version
+
 Channel = Literal["push", "sms", "email", "inapp"]
 Category = Literal["transactional", "marketing", "social"]
 TrafficClass = Literal["transactional", "normal", "bulk"]
@@ -293,7 +295,7 @@ def with_device(
 ) -> dict[str, Any]:
     """`current` contact points with `reg` added (same token: refreshed and valid again).
 
-    Returns a new record with `version` + 1; `current` is not modified.
+    Returns a new record with the next version (herald.versions); `current` is not modified.
     """
     kept = [
         d for d in current["devices"] if d["token"] != reg.token and d["device_id"] != device_id
@@ -306,7 +308,7 @@ def with_device(
         "registered_at": now,
         "valid": True,
     }
-    version = current["version"] + 1
+    version = next_version(current["version"])
     return {**current, "devices": [*kept, device], "updated_at": now, "version": version}
 
 
@@ -315,7 +317,8 @@ def without_device(current: dict[str, Any], device_id: str, now: datetime) -> di
     kept = [d for d in current["devices"] if d["device_id"] != device_id]
     if len(kept) == len(current["devices"]):
         return current
-    return {**current, "devices": kept, "updated_at": now, "version": current["version"] + 1}
+    version = next_version(current["version"])
+    return {**current, "devices": kept, "updated_at": now, "version": version}
 
 
 def with_contact_update(
@@ -329,4 +332,4 @@ def with_contact_update(
     }
     disabled = [d for d in current.get("disabled") or () if changes.get(d) is None]
     return {**current, **changes, "disabled": disabled, "updated_at": now,
-            "version": current["version"] + 1}  # fmt: skip
+            "version": next_version(current["version"])}  # fmt: skip

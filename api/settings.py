@@ -85,6 +85,9 @@ class ApiSettings(BaseSettings):
     max_callback_body_bytes: int = Field(default=1024 * 1024, ge=1024)
     # How long a request may wait for Kafka's delivery report before 503.
     ack_timeout_seconds: float = Field(default=5.0, gt=0)
+    # How long a contact-points change of a user without a Redis copy waits for the users job
+    # to restore the copies after a Redis loss before 503 user_state_restoring.
+    restore_wait_seconds: float = Field(default=5.0, ge=0)
     idempotency_ttl_seconds: int = Field(default=24 * 3600, ge=60)
     status_ttl_seconds: int = Field(default=30 * 24 * 3600, ge=60)
     send_at_max_past_seconds: int = Field(default=300, ge=0)

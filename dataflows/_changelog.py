@@ -11,13 +11,21 @@ that was in the topic when the job started has then been emitted before it. The 
 its requests until every partition has caught up (dataflows/_users.py).
 
 With `bounded=True` a partition ends at that point (tests, benchmarks).
+
+A job that keeps the table in a store of its own (the users job, dataflows/users.py, keeps the
+Redis copies) passes `held`: where that store holds each partition up to (resume there rather
+than at the beginning, when the store holds the whole table). A partition makes sure the store
+has a position for it before it reads (`remember`); a store that lost its data (Redis flushed or
+restarted empty) has none any more, which the partition notices within `CHECK_EVERY_S`: it then
+reads again from the beginning (and emits `CaughtUp` again at its end).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
-from typing import cast
+from typing import Protocol, cast
 
 from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
@@ -25,12 +33,27 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
 from herald.config import KafkaSettings
 from herald.errors import InfraError
 from herald.planning import CaughtUp
-from sources.consumer import Feed, worker_consumer
+from sources.consumer import SharedConsumer, worker_consumer
 from sources.kafka import KafkaMessage, KafkaSource, consumer_config
 
-__all__ = ["CHANGELOG_FETCH_WAIT_MS", "ChangelogSource"]
+__all__ = ["CHANGELOG_FETCH_WAIT_MS", "ChangelogSource", "HeldTable"]
 
 CHANGELOG_FETCH_WAIT_MS = 1000
+CHECK_EVERY_S = 1.0
+
+
+class HeldTable(Protocol):
+    """A store that holds the table read from the changelog (see the module docstring)."""
+
+    def position(self, part: str) -> int | None:
+        """The next offset of `part` the store does not hold; None: it has no position."""
+
+    def holds(self) -> bool:
+        """Whether the store holds the whole table (False while it is being filled)."""
+
+    def remember(self, part: str) -> None:
+        """Give `part` a position (0) unless it has one."""
+
 
 log = logging.getLogger(__name__)
 
@@ -45,44 +68,70 @@ class ChangelogSource(FixedPartitionedSource[KafkaMessage | CaughtUp, None]):
         *,
         bounded: bool = False,
         batch_size: int = 2000,
+        held: HeldTable | None = None,
     ) -> None:
         self.kafka = kafka
         self.topics = list(topics)
         self.bounded = bounded
         self.batch_size = batch_size
+        self.held = held
 
     def list_parts(self) -> list[str]:
         """`"{partition}-{topic}"` for every partition of every topic (as KafkaSource)."""
         return KafkaSource(self.kafka, self.topics).list_parts()
 
     def build_part(self, step_id: str, for_part: str, resume_state: None) -> _ChangelogPartition:
-        """Always from the beginning: a changelog partition has no resume state."""
+        """From the beginning, or where the `held` table's store has it up to: a changelog
+        partition has no resume state of its own."""
         idx, topic = for_part.split("-", 1)
         config = consumer_config(self.kafka, step_id)
         # Not on the latency path (writes through the API reach plan by the Redis copy): a long
         # wait costs the broker fewer looks, and another consumer keeps these partitions out of
         # the fetches of the job's latency-critical one (sources/consumer.py).
         config["fetch.wait.max.ms"] = max(CHANGELOG_FETCH_WAIT_MS, self.kafka.fetch_wait_ms)
-        shared = worker_consumer(config)
-        feed = shared.attach(TopicPartition(topic, int(idx), OFFSET_BEGINNING))
-        return _ChangelogPartition(for_part, feed, self.batch_size, self.bounded)
+        start = None
+        if self.held is not None:
+            if self.held.holds():
+                start = self.held.position(for_part)
+            self.held.remember(for_part)
+        tp = TopicPartition(topic, int(idx))
+        part = _ChangelogPartition(for_part, worker_consumer(config), tp, self, start)
+        return part
 
 
 class _ChangelogPartition(StatefulSourcePartition[KafkaMessage | CaughtUp, None]):
-    """One topic-partition read from offset 0 (through the worker's shared consumer)."""
+    """One topic-partition read from offset 0 or the held table's position (through the
+    worker's shared consumer)."""
 
-    def __init__(self, part: str, feed: Feed, batch_size: int, bounded: bool) -> None:
+    def __init__(
+        self,
+        part: str,
+        shared: SharedConsumer,
+        tp: TopicPartition,
+        source: ChangelogSource,
+        start: int | None,
+    ) -> None:
         self._part = part
-        self._feed = feed
-        self._batch_size = batch_size
-        self._bounded = bounded
+        self._shared = shared
+        self._tp = tp
+        self._batch_size = source.batch_size
+        self._bounded = source.bounded
+        self._held = source.held
         self._caught_up = False
         self._read = 0
+        self._next_check = time.monotonic() + CHECK_EVERY_S
+        if start is not None:
+            log.info("changelog.resume part=%s offset=%d", part, start)
+        offset = OFFSET_BEGINNING if start is None else start
+        self._feed = shared.attach(TopicPartition(tp.topic, tp.partition, offset))
 
     def next_batch(self) -> list[KafkaMessage | CaughtUp]:
         """Records as they come; `CaughtUp` after the records of the first end of partition."""
         if self._caught_up and self._bounded:
             raise StopIteration
+        if self._held is not None and time.monotonic() >= self._next_check:
+            self._check_held(self._held)
+            self._next_check = time.monotonic() + CHECK_EVERY_S
         # Never blocks before the first end: a rebuild runs at full speed.
         msgs = self._feed.take(self._batch_size, may_block=self._caught_up)
         out: list[KafkaMessage | CaughtUp] = []
@@ -111,6 +160,19 @@ class _ChangelogPartition(StatefulSourcePartition[KafkaMessage | CaughtUp, None]
             log.info("changelog.caught_up part=%s records=%d", self._part, self._read)
             out.append(CaughtUp(self._part))
         return out
+
+    def _check_held(self, held: HeldTable) -> None:
+        """Read again from the beginning when the store lost its position for this partition."""
+        if held.position(self._part) is not None:
+            return
+        log.warning("changelog.table_lost part=%s: reading it again from the beginning", self._part)
+        held.remember(self._part)
+        self._feed.close()
+        self._feed = self._shared.attach(
+            TopicPartition(self._tp.topic, self._tp.partition, OFFSET_BEGINNING)
+        )
+        self._caught_up = False
+        self._read = 0
 
     def next_awake(self) -> None:
         """Bytewax's default (an idle worker waits in the shared consumer's poll)."""

@@ -267,6 +267,26 @@ def process_name(job: str, index: int) -> str:
     return job if index == 0 else f"{job}-p{index}"
 
 
+def _users_restored(ctx: Ctx) -> bool:
+    """The users job is healthy once the Redis copies hold every user (dataflows/users.py):
+    `herald up` returns when a contact-points change can start from the user's record."""
+    import redis
+
+    from api import keys
+    from herald.config import KafkaSettings
+
+    marker = keys.users_restored(KafkaSettings().topic_prefix)
+    client = redis.Redis(host=ctx.host, port=ctx.port("redis"), socket_timeout=3)
+    try:
+        return bool(client.exists(marker))
+    finally:
+        client.close()
+
+
+# Jobs healthy only once they say so (every other job: while its process runs).
+JOB_HEALTH: dict[str, Callable[[Ctx], bool]] = {"users": _users_restored}
+
+
 def bytewax_job(
     name: str,
     import_str: str,
@@ -278,8 +298,9 @@ def bytewax_job(
 ) -> Component:
     """Process `index` of a dataflow run as `python -m bytewax.run` with recovery snapshots.
 
-    The job counts as healthy while its process runs; its recovery partitions are created by
-    the launcher before the first start (infra/stack.py) so a restart resumes from them. Its
+    The job counts as healthy while its process runs (or as `JOB_HEALTH` says); its recovery
+    partitions are created by the launcher before the first start (infra/stack.py) so a
+    restart resumes from them. Its
     Prometheus metrics are served on its own port (HERALD_METRICS_PORT). With `processes` > 1
     the process joins the job's cluster (`-i index -a addresses`); process 0 owns the
     allocation of the cluster's ports.
@@ -310,7 +331,7 @@ def bytewax_job(
         name=component,
         kind="job",
         argv=argv,
-        healthy=lambda ctx: True,
+        healthy=JOB_HEALTH.get(name, lambda ctx: True),
         address=address,
         ready_timeout=ready_timeout,
         ports=(metrics_port, *(cluster if index == 0 else ())),
@@ -414,6 +435,8 @@ BYTEWAX_JOBS: list[tuple[str, str, Callable[[Ctx], dict[str, str]] | None]] = [
     ),
     ("receipts", "dataflows.receipts:build_flow()", None),
     ("warehouse", "dataflows.warehouse:build_flow()", None),
+    # the Redis copies of every user's preferences and contact points, from the changelogs
+    ("users", "dataflows.users:build_flow()", None),
 ]
 """(name, import string, extra environment) of every Bytewax job `herald up` runs."""
 

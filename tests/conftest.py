@@ -3,7 +3,9 @@
 - `stack`: Kafka (Tansu), Redis and the ClickHouse server on free ports, migrations applied,
   for the whole session (no simulators, no jobs: tests start the processes they exercise).
 - `settings`: HeraldSettings for one test: its own topic prefix (every topic of
-  infra/topics.toml created under it) and its own file-backed schema registry.
+  infra/topics.toml created under it) and its own file-backed schema registry. Its user copies
+  count as restored (`users:{prefix}:restored`, as the users job leaves them on an empty
+  changelog): no users job runs unless the test starts one, and those tests remove the marker.
 """
 
 from __future__ import annotations
@@ -58,6 +60,19 @@ def unique_prefix() -> str:
     return f"t{uuid.uuid4().hex[:10]}."
 
 
+def mark_users_restored(redis_url: str, topic_prefix: str) -> None:
+    """The marker the users job sets once the Redis copies hold every user (api/keys.py)."""
+    import redis
+
+    from api import keys
+
+    client = redis.Redis.from_url(redis_url)
+    try:
+        client.set(keys.users_restored(topic_prefix), 0)
+    finally:
+        client.close()
+
+
 @pytest.fixture
 def settings(stack: RunningStack, tmp_path: Path) -> HeraldSettings:
     """Settings for one test: unique topic prefix with every topic created, own registry."""
@@ -65,6 +80,7 @@ def settings(stack: RunningStack, tmp_path: Path) -> HeraldSettings:
 
     kafka = stack.settings.kafka.model_copy(update={"topic_prefix": unique_prefix()})
     create_topics(kafka)
+    mark_users_restored(stack.settings.redis.url, kafka.topic_prefix)
     return stack.settings.model_copy(
         update={"kafka": kafka, "registry": RegistrySettings(path=tmp_path / "registry")}
     )

@@ -1,9 +1,15 @@
 """Devices and contact points → compacted `herald.devices` (Avro contact_points, key user_id).
 
 Every change is a read-modify-write of the user's full contact_points record under the Redis
-lock `cp:{user}:lock`: read the copy `cp:{user}`, apply the change (version + 1), produce and
-await the ack, write the copy, release. The lock (not WATCH) is what keeps two concurrent
-writers from both producing version N+1 with different contents.
+lock `cp:{user}:lock`: read the copy `cp:{user}`, apply the change (the next version,
+herald.versions), produce and await the ack, write the copy, release. The lock (not WATCH) is
+what keeps two concurrent writers from both producing a version with different contents.
+
+A user without a copy starts from an empty record only while the copies are known to hold every
+user (`users:{prefix}:restored`, kept by the users job, dataflows/users.py). After Redis lost its
+data that marker is gone until the job has written every user again from the compacted
+changelog; a change meanwhile waits for it (up to `restore_wait_seconds`), then answers 503
+`user_state_restoring` with Retry-After: it never replaces a user's devices with the new one.
 
     POST   /v1/devices                          register/refresh a push token → 201
     DELETE /v1/devices/{device_id}?user_id=…    remove it → 204 (404 when unknown)
@@ -13,7 +19,9 @@ writers from both producing version N+1 with different contents.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 import uuid
 from collections.abc import Callable
 from datetime import datetime
@@ -43,6 +51,7 @@ log = logging.getLogger(__name__)
 router = APIRouter(tags=["devices"])
 
 UserId = Annotated[str, Path(min_length=1, max_length=128, pattern=r"^[^\s/]+$")]
+RESTORE_POLL_S = 0.05
 _NS_DEVICE = uuid.UUID("0b7e3c1a-6f0d-5e55-9a51-5d0e8f0c2a11")
 
 
@@ -118,6 +127,9 @@ async def _modify(
         async with lock:
             now = now_utc()
             raw = await st.redis.get(keys.contact_points(user_id))
+            if raw is None:
+                await _wait_restored(st)
+                raw = await st.redis.get(keys.contact_points(user_id))
             current = orjson.loads(raw) if raw else _as_ms(empty_contact_points(user_id, now))
             changed = change(current, now)
             if changed is current:
@@ -133,6 +145,21 @@ async def _modify(
         ) from exc  # fmt: skip
     except RedisError as exc:
         raise redis_unavailable(st, exc) from exc
+
+
+async def _wait_restored(st: AppState) -> None:
+    """Return once the copies hold every user; 503 `user_state_restoring` after the wait."""
+    marker = keys.users_restored(st.settings.kafka.topic_prefix)
+    deadline = time.monotonic() + st.api.restore_wait_seconds
+    while not await st.redis.exists(marker):
+        if time.monotonic() >= deadline:
+            st.metrics.unavailable.labels("user_state").inc()
+            raise ProblemError(
+                503, "user_state_restoring",
+                "this user's contact points are being restored from the changelog, retry later",
+                headers={"Retry-After": "2"},
+            )  # fmt: skip
+        await asyncio.sleep(RESTORE_POLL_S)
 
 
 @router.post(

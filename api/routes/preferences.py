@@ -1,13 +1,17 @@
 """PUT/GET /v1/users/{user_id}/preferences → compacted `herald.preferences` (key user_id).
 
-PUT replaces the user's preferences: version = INCR prefs:{user}:version (monotonic even with
-concurrent writers), the `user_preferences` record is produced and acked, then the Redis copy is
-written unless a newer version is already there. GET reads that copy (404 before any PUT).
+PUT replaces the user's preferences: the version is the next of the hybrid logical clock
+(herald.versions: the clock in microseconds, above the last version handed out for this user,
+kept in `prefs:{user}:version` so that concurrent writers never share one; if Redis lost that
+key the clock alone is still above every earlier version), the `user_preferences` record is
+produced and acked, then the Redis copy is written unless a newer version is already there.
+GET reads that copy (404 before any PUT).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from typing import Annotated
 
 import orjson
@@ -25,15 +29,13 @@ router = APIRouter(tags=["preferences"])
 
 UserId = Annotated[str, Path(min_length=1, max_length=128, pattern=r"^[^\s/]+$")]
 
-# Write the copy only when it is newer than what Redis holds. KEYS[1]; ARGV: json, version
-SET_IF_NEWER = """
-local cur = redis.call('GET', KEYS[1])
-if cur then
-  local ok, held = pcall(cjson.decode, cur)
-  if ok and tonumber(held['version']) >= tonumber(ARGV[2]) then return 0 end
-end
-redis.call('SET', KEYS[1], ARGV[1])
-return 1
+# The next version (herald.versions.next_version, atomically). KEYS[1] counter; ARGV[1] now in us
+NEXT_VERSION = """
+local held = tonumber(redis.call('GET', KEYS[1]) or '0') or 0
+local v = math.max(tonumber(ARGV[1]), held + 1)
+v = string.format('%d', v)
+redis.call('SET', KEYS[1], v)
+return v
 """
 
 
@@ -55,14 +57,15 @@ async def put_preferences(user_id: UserId, body: PreferencesIn, request: Request
     st, _ = await guarded(request, "preferences:write")
     now = now_utc()
     try:
-        version = int(await st.redis.incr(keys.prefs_version(user_id)))
+        now_us = time.time_ns() // 1000
+        version = int(await st.script(NEXT_VERSION, [keys.prefs_version(user_id)], [now_us]))
     except RedisError as exc:
         raise redis_unavailable(st, exc) from exc
     record = to_preferences_record(user_id, body, now, version)
     await st.publish("herald.preferences", user_id, record)
     stored = {**record, "updated_at": to_ms(now)}
     try:
-        await st.script(SET_IF_NEWER, [keys.prefs(user_id)], [orjson.dumps(stored), version])
+        await st.script(keys.COPY_IF_NEWER, [keys.prefs(user_id)], [orjson.dumps(stored), version])
     except RedisError as exc:
         log.warning("api.preferences_copy_failed version=%d error=%s", version, type(exc).__name__)
     log.info("api.preferences_updated version=%d", version)

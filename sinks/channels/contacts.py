@@ -11,7 +11,7 @@ points (the API's device routes hold the same lock).
 - `resolve(deliveries)`: fills a null `address` (sms → verified-or-not phone, email → address,
   inapp → user id) from the contact points copy.
 - `remove_token(user, token, publish)`: token cleanup after APNs 410 / FCM UNREGISTERED: under
-  the lock, the user's record without the device that has this token (version + 1) is
+  the lock, the user's record without the device that has this token (next version) is
   published on herald.devices (compacted; `publish` returns after Kafka's ack) and then written
   back as the copy, exactly as the API's DELETE /v1/devices does. Other devices stay.
 - `disable_address(user, channel, address, publish)`: the same for a dead phone number or email
@@ -41,6 +41,7 @@ from api import keys
 from api.models import without_device
 from herald.errors import HeraldError
 from herald.policy import Preferences
+from herald.versions import next_version
 
 __all__ = ["ContactStore", "CleanupResult"]
 
@@ -153,7 +154,7 @@ class ContactStore:
             log.info("contacts.address_disabled channel=%s", channel)
             disabled = sorted({*(current.get("disabled") or ()), name})
             return {**current, name: None, "disabled": disabled, "updated_at": now,
-                    "version": current["version"] + 1}  # fmt: skip
+                    "version": next_version(current["version"])}  # fmt: skip
 
         return self._update(user_id, change, publish)
 

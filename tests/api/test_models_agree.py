@@ -236,8 +236,9 @@ def test_contact_points_round_trip(registry: FileRegistry) -> None:
     update = ContactPointsUpdate.model_validate(
         {"phone": {"e164": "+41791234567", "verified": True}, "email": {"address": "a@b.ch"}}
     )
+    first = record["version"]
     record = with_contact_update(record, update, T0)
-    assert record["version"] == 2
+    assert record["version"] > first > 0  # herald.versions: the clock, above the held version
     assert _round_trip(registry, "contact_points", record) == record
     # re-registering the same token refreshes it instead of adding a device
     again = with_device(record, reg, "dev-2", T0)

@@ -26,7 +26,7 @@ from tests.api.conftest import (
     make_tenants,
     serve,
 )
-from tests.conftest import RunningStack, unique_prefix
+from tests.conftest import RunningStack, mark_users_restored, unique_prefix
 
 MAX_EXAMPLES = 40
 CALLS: list[int] = []
@@ -36,6 +36,7 @@ CALLS: list[int] = []
 def live_url(stack: RunningStack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     kafka = stack.settings.kafka.model_copy(update={"topic_prefix": unique_prefix()})
     create_topics(kafka)
+    mark_users_restored(stack.settings.redis.url, kafka.topic_prefix)
     registry = RegistrySettings(path=tmp_path_factory.mktemp("st-registry"))
     herald: HeraldSettings = stack.settings.model_copy(
         update={"kafka": kafka, "registry": registry}

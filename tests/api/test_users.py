@@ -29,12 +29,13 @@ def test_preferences_round_trip_through_kafka_and_back(api: RunningApi) -> None:
         assert first.status_code == 200, first.text
         second = http.put(f"/v1/users/{user}/preferences", json={**prefs, "global_opt_out": True})
         read = http.get(f"/v1/users/{user}/preferences").json()
-    assert first.json()["version"] == 1 and second.json()["version"] == 2
+    assert 0 < first.json()["version"] < second.json()["version"]
     assert read["global_opt_out"] is True and read["timezone"] == "Asia/Shanghai"
-    assert read["quiet_hours"] == {"start": "22:00", "end": "07:00"} and read["version"] == 2
+    assert read["quiet_hours"] == {"start": "22:00", "end": "07:00"}
+    assert read["version"] == second.json()["version"]
     records = api.read_topic("herald.preferences", 2)
     assert [k for k, _ in records] == [user, user]
-    assert [r["version"] for _, r in records] == [1, 2]
+    assert [r["version"] for _, r in records] == [first.json()["version"], read["version"]]
     assert records[1][1]["category_channel_opt_out"] == ["social:push"]
 
 
@@ -54,7 +55,8 @@ def test_device_register_refresh_delete(api: RunningApi) -> None:
         missing = http.delete(f"/v1/devices/{reg.json()['device_id']}", params={"user_id": user})
         assert missing.status_code == 404 and missing.json()["code"] == "device_not_found"
     records = api.read_topic("herald.devices", 4)
-    assert [r["version"] for _, r in records] == [1, 2, 3, 4]
+    versions = [r["version"] for _, r in records]
+    assert versions == sorted(set(versions)) and len(versions) == 4  # strictly increasing
     assert [d["platform"] for d in records[-1][1]["devices"]] == ["fcm"]
     assert records[0][1]["devices"][0]["token"] == token  # the topic carries the real token
 
@@ -71,8 +73,9 @@ def test_contact_points_full_record_per_user(api: RunningApi) -> None:
         assert resp.status_code == 200, resp.text
         cleared = http.put(f"/v1/users/{user}/contact-points", json={"email": None}).json()
     assert cleared["phone"] == {"e164": "+41791234567", "verified": True}
-    assert cleared["email"] is None and len(cleared["devices"]) == 1 and cleared["version"] == 3
+    assert cleared["email"] is None and len(cleared["devices"]) == 1
     [_, _, (key, last)] = api.read_topic("herald.devices", 3)
+    assert cleared["version"] == last["version"]
     assert key == user and last["phone"]["verified"] is True and len(last["devices"]) == 1
 
 
@@ -87,5 +90,6 @@ def test_concurrent_updates_get_distinct_versions(api: RunningApi) -> None:
     with ThreadPoolExecutor(8) as pool:
         assert set(pool.map(register, range(8))) == {201}
     records = api.read_topic("herald.devices", 8)
-    assert sorted(r["version"] for _, r in records) == list(range(1, 9))
+    versions = sorted(r["version"] for _, r in records)
+    assert len(set(versions)) == 8  # one version each, under the lock
     assert len(records[-1][1]["devices"]) == 8 or max(len(r["devices"]) for _, r in records) == 8

@@ -26,9 +26,6 @@ from sinks.kafka import topic_serializer
 # States that say the provider took the message, and final side states.
 REACHED = frozenset({"PROVIDER_ACCEPTED", "DELIVERED", "READ", "DELIVERY_UNKNOWN"})
 TERMINAL = frozenset({"SUPPRESSED", "EXPIRED", "FAILED_PERMANENT", "UNKNOWN"})
-# How long the plan job may take to read a contact point the API just wrote (the changelog
-# topic is another topic than the requests: README "Known limits").
-CHANGELOG_LAG_S = 5.0
 
 _phones = itertools.count(int(time.time()) % 100_000 * 10)
 
@@ -57,17 +54,15 @@ def accepted_count(client: StackClient, name: str, address: str) -> int:
 
 class UserPool:
     """Users onboarded once per session through the API (verified phone and email), handed
-    out to tests: the plan jobs learn contact points from a changelog topic with a lag that
-    grows with the machine's load, paid here once instead of in every test."""
+    out to tests. A request may follow the API's answer at once (plan reads the API's copy of
+    a change it has not yet read from the changelog: test_acceptance_user_state.py)."""
 
     def __init__(self, client: StackClient, size: int) -> None:
         tag = f"{int(time.time()) % 1_000_000:06d}"
         self.free = [(f"pool-{tag}-{i:03d}", new_phone()) for i in range(size)]
         for user, phone in self.free:
             client.put_contact_points(user, phone=phone, email=email_of(user))
-        time.sleep(CHANGELOG_LAG_S)
-        # the last user written is known to the transactional plan job: the others too
-        # (the records before it in its partition; the other partitions had the same time)
+        # the stack plans for a pool user before any test starts
         user, phone = self.free.pop()
         nid = client.send(otp_body(f"probe-{user}", user))
         client.wait_for(nid, "sms", REACHED, timeout=120)

@@ -161,7 +161,7 @@ def test_invalid_number_disables_the_phone_and_push_still_serves(fresh: dict, ur
         h.run(out.deliveries)
     assert (result, again) == ("removed", "absent")  # a replay changes nothing
     [record] = published
-    assert record["phone"] is None and record["version"] == copy["version"] + 1
+    assert record["phone"] is None and record["version"] > copy["version"]
     assert record["disabled"] == ["phone"]  # later plans say address_disabled
     assert [dev["token"] for dev in record["devices"]] == [device]  # other channels stay
     assert orjson.loads(client.get(keys.contact_points(d["user_id"])))["phone"] is None

@@ -1,0 +1,276 @@
+"""users: the compacted user changelogs -> the Redis copies every stage reads.
+
+    herald.preferences, herald.devices --changelog_in--> to_copies
+        -> copies_out: `prefs:{user}` / `cp:{user}` (JSON, timestamps as epoch ms; api/keys.py),
+           written only over an older version; a tombstone deletes the copy
+        -> users:{<prefix>}:pos (next offset per changelog partition), :ready, :restored
+    records that cannot be decoded or validated (bad time zone, quiet hours, locale)
+        -> herald.dead-letters with their reason; the copy keeps what it held
+
+Run: `python -m bytewax.run "dataflows.users:build_flow()"` (settings from HERALD_* env).
+
+Why: the API writes a user's copy after Kafka acknowledged the change, and the plan job, dispatch
+(the opt-out re-check, address lookups, token cleanup) and the API's own read-modify-writes of
+contact points read those copies. Two things broke that: users published straight to the
+changelog (a bulk import) had no copy, and a Redis that lost its data (flushed, or restarted
+empty after a failover) left every user without one, so the next device registration started
+from an empty record and the user lost the devices registered before. The compacted changelogs
+are the durable form of this state; this job keeps the copies equal to them.
+
+Positions: the copies are the job's state. The next offset of every changelog partition is
+kept in Redis beside them (`users:{<prefix>}:pos`, written after the batch's copies), so a
+restart resumes where the copies are; with Redis emptied the positions are gone with the copies
+and the job reads every partition from the beginning (dataflows/_changelog.py notices a loss
+within a second even while idle, and reads again). `users:{<prefix>}:restored` exists only
+while the copies hold every user up to the end each partition had when it was read; the API
+waits for it before a contact-points change of a user without a copy (api/routes/devices.py),
+instead of starting that user from an empty record.
+
+Guarantee: at-least-once and harmless, like every copy write: a record written again changes
+nothing (`COPY_IF_NEWER` keeps the newer version). Versions come from herald.versions, so a copy
+rebuilt from an old record is never newer than a change made after it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, NamedTuple, TypeGuard
+
+import bytewax.operators as op
+import orjson
+import redis
+from bytewax.dataflow import Dataflow
+from bytewax.outputs import DynamicSink, StatelessSinkPartition
+
+from api import keys
+from dataflows._changelog import ChangelogSource
+from dataflows._redis import redis_client
+from dataflows._settings import entry_settings
+from herald.catalog import InvalidLocale
+from herald.config import HeraldSettings, RedisSettings
+from herald.errors import SerdeError
+from herald.planning import CaughtUp
+from herald.policy import ContactPoints, Preferences
+from herald.quiet_hours import InvalidTimeOfDay, InvalidTimezone
+from schemas.registry import make_registry
+from schemas.serde import AvroDeserializer
+from sinks.kafka import KafkaProducerSink, kafka_output, to_dead_letter_topic
+from sources.kafka import KafkaMessage
+
+__all__ = ["CopyWrite", "RedisHeld", "build_flow"]
+
+log = logging.getLogger(__name__)
+
+JOB = "users"
+PREFERENCES_TOPIC = "herald.preferences"
+DEVICES_TOPIC = "herald.devices"
+
+# KEYS: ready hash, restored marker; ARGV: part, number of parts, restored value
+_READY = """
+redis.call('HSET', KEYS[1], ARGV[1], '1')
+if redis.call('HLEN', KEYS[1]) >= tonumber(ARGV[2]) then
+  redis.call('SET', KEYS[2], ARGV[3])
+  return 1
+end
+return 0
+"""
+
+
+class CopyWrite(NamedTuple):
+    """One changelog record as a copy write: `value` None deletes the copy (tombstone)."""
+
+    part: str
+    offset: int
+    key: str
+    value: bytes | None
+    version: int
+
+
+class Skipped(NamedTuple):
+    """A record that was dead-lettered: only its position moves."""
+
+    part: str
+    offset: int
+
+
+class RedisHeld:
+    """Where the copies are, for the changelog source (dataflows/_changelog.py `HeldTable`)."""
+
+    def __init__(self, settings: RedisSettings, topic_prefix: str) -> None:
+        self.settings = settings
+        self.positions = keys.users_positions(topic_prefix)
+        self.ready = keys.users_ready(topic_prefix)
+        self.restored = keys.users_restored(topic_prefix)
+        self._client: redis.Redis | redis.RedisCluster | None = None
+
+    def _redis(self) -> redis.Redis | redis.RedisCluster:
+        if self._client is None:
+            self._client = redis_client(self.settings)
+        return self._client
+
+    def position(self, part: str) -> int | None:
+        """The next offset of `part` the copies do not hold (None: from the beginning)."""
+        raw = self._redis().hget(self.positions, part)
+        return None if raw is None else int(raw)
+
+    def holds(self) -> bool:
+        """Whether the copies hold every user (`users:{<prefix>}:restored`)."""
+        return bool(self._redis().exists(self.restored))
+
+    def remember(self, part: str) -> None:
+        """Position 0 for `part` unless it has one: a loss of Redis' data shows as none."""
+        self._redis().hsetnx(self.positions, part, 0)
+
+
+@dataclass(frozen=True)
+class ToCopies:
+    """Changelog items -> `CopyWrite`s and `CaughtUp`s in order, and dead letters (a
+    `flat_map_batch` mapper)."""
+
+    deserializer: AvroDeserializer
+    preferences_topic: str
+
+    def __call__(self, batch: list[KafkaMessage | CaughtUp]) -> list[Any]:
+        out: list[Any] = []
+        for item in batch:
+            if isinstance(item, CaughtUp):
+                out.append(item)
+                continue
+            result = self._one(item)
+            out.append(result)
+            if isinstance(result, dict):  # a dead letter: the record is read all the same
+                out.append(Skipped(f"{item.partition}-{item.topic}", item.offset))
+        return out
+
+    def _one(self, item: KafkaMessage) -> CopyWrite | dict[str, Any]:
+        prefs = item.topic == self.preferences_topic
+        part = f"{item.partition}-{item.topic}"
+        if item.value is None:
+            if not item.key:
+                return item.dead_letter("tombstone_without_key", "null value and no key", JOB)
+            user = item.key.decode(errors="replace")
+            key = keys.prefs(user) if prefs else keys.contact_points(user)
+            return CopyWrite(part, item.offset, key, None, 0)
+        try:
+            rec = self.deserializer(item.value)
+            # the validation the plan job applies (a copy it could not read is not written)
+            state = Preferences.from_record(rec) if prefs else ContactPoints.from_record(rec)
+        except SerdeError as exc:
+            return item.dead_letter(exc.reason, exc.detail, JOB)
+        except (InvalidTimezone, InvalidTimeOfDay, InvalidLocale) as exc:
+            log.warning("users.bad_record topic=%s offset=%d reason=%s",
+                        item.topic, item.offset, exc.code)  # fmt: skip
+            return item.dead_letter(exc.code, str(exc), JOB)
+        user = state.user_id
+        key = keys.prefs(user) if prefs else keys.contact_points(user)
+        return CopyWrite(part, item.offset, key, orjson.dumps(_as_ms(rec)), state.version)
+
+
+def _as_ms(value: Any) -> Any:
+    """The record with its timestamps as epoch ms (the copies' convention, api/keys.py)."""
+    if isinstance(value, datetime):
+        return int(value.timestamp() * 1000)
+    if isinstance(value, dict):
+        return {k: _as_ms(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_as_ms(v) for v in value]
+    return value
+
+
+Item = CopyWrite | Skipped | CaughtUp
+
+
+class CopySink(DynamicSink[Item]):
+    """Write copies, then positions, then readiness; one Redis client per worker."""
+
+    def __init__(self, held: RedisHeld, parts: int, *, retry_for: float = 30.0) -> None:
+        self.held = held
+        self.parts = parts
+        self.retry_for = retry_for
+
+    def build(self, step_id: str, worker_index: int, worker_count: int) -> _CopyPartition:
+        """Called once per worker."""
+        return _CopyPartition(self.held, self.parts, self.retry_for)
+
+
+class _CopyPartition(StatelessSinkPartition[Item]):
+    def __init__(self, held: RedisHeld, parts: int, retry_for: float) -> None:
+        self._client = client = redis_client(held.settings)
+        self._held = held
+        self._parts = parts
+        self._retry_for = retry_for
+        self._copy = client.register_script(keys.COPY_IF_NEWER)
+        self._ready = client.register_script(_READY)
+
+    def write_batch(self, items: list[Item]) -> None:
+        """Copies (one pipelined round trip), then the batch's positions, then the partitions
+        that reached their end: a position is never ahead of the copies it stands for."""
+        deadline = time.monotonic() + self._retry_for
+        delay = 0.1
+        while True:
+            try:
+                self._write(items)
+                return
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                if time.monotonic() + delay > deadline:
+                    raise
+                log.warning("users.redis_retry n=%d error=%s", len(items), type(exc).__name__)
+                time.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
+    def _write(self, items: list[Item]) -> None:
+        positions: dict[str, int] = {}
+        pipe = self._client.pipeline(transaction=False)
+        for item in items:
+            if type(item) is CopyWrite:
+                if item.value is None:
+                    pipe.delete(item.key)
+                else:
+                    self._copy(keys=[item.key], args=[item.value, item.version], client=pipe)
+                positions[item.part] = item.offset + 1
+            elif type(item) is Skipped:
+                positions[item.part] = item.offset + 1
+        if positions:
+            pipe.execute()
+            self._client.hset(self._held.positions, mapping=positions)  # type: ignore[arg-type]
+        for item in items:
+            if type(item) is CaughtUp:
+                restored = self._ready(
+                    keys=[self._held.ready, self._held.restored],
+                    args=[item.part, self._parts, int(time.time() * 1000)],
+                )
+                log.info("users.caught_up part=%s restored=%s", item.part, bool(restored))
+
+    def close(self) -> None:
+        self._client.close()
+
+
+def _is_write(item: Any) -> TypeGuard[Item]:
+    return not isinstance(item, dict)
+
+
+def build_flow(settings: HeraldSettings | None = None, *, bounded: bool = False) -> Dataflow:
+    """The users job. Without `settings` (entry point) it reads the environment, configures
+    logging and serves /metrics. `bounded=True` stops at the current end of the changelogs."""
+    settings = entry_settings(settings)
+    kafka = settings.kafka
+    registry = make_registry(settings.registry)
+    flow = Dataflow(JOB)
+    topics = [kafka.topic(PREFERENCES_TOPIC), kafka.topic(DEVICES_TOPIC)]
+    held = RedisHeld(settings.redis, kafka.topic_prefix)
+    source = ChangelogSource(kafka, topics, bounded=bounded, held=held)
+    parts = len(source.list_parts())
+    changes = op.input("changelog_in", flow, source)
+    # KafkaMessage | CaughtUp
+    copies = op.flat_map_batch(
+        "to_copies", changes, ToCopies(AvroDeserializer(registry), kafka.topic(PREFERENCES_TOPIC))
+    )
+    # CopyWrite | Skipped | CaughtUp | dead_letter dict
+    split = op.branch("split", copies, _is_write)
+    op.output("copies_out", split.trues, CopySink(held, parts))
+    letters = to_dead_letter_topic("dead_letters_out", split.falses, kafka=kafka, registry=registry)
+    kafka_output("kafka_out", letters, KafkaProducerSink(kafka))
+    return flow

@@ -12,6 +12,13 @@ its requests until every partition has caught up (dataflows/_users.py).
 
 With `bounded=True` a partition ends at that point (tests, benchmarks).
 
+A job whose table is also held elsewhere passes `ready` (the plan job: the Redis copies the
+users job keeps hold every user, dataflows/users.py): when it says so at the start, each
+partition emits its `CaughtUp` at once, before its first record, and the job plans from the
+copies while its own table loads behind (a restarted plan job plans within its start time,
+whatever the number of users; the copies are read for every planned user anyway,
+dataflows/_copies.py).
+
 A job that keeps the table in a store of its own (the users job, dataflows/users.py, keeps the
 Redis copies) passes `held`: where that store holds each partition up to (resume there rather
 than at the beginning, when the store holds the whole table). A partition makes sure the store
@@ -24,7 +31,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol, cast
 
 from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
@@ -69,12 +76,14 @@ class ChangelogSource(FixedPartitionedSource[KafkaMessage | CaughtUp, None]):
         bounded: bool = False,
         batch_size: int = 2000,
         held: HeldTable | None = None,
+        ready: Callable[[], bool] | None = None,
     ) -> None:
         self.kafka = kafka
         self.topics = list(topics)
         self.bounded = bounded
         self.batch_size = batch_size
         self.held = held
+        self.ready = ready
 
     def list_parts(self) -> list[str]:
         """`"{partition}-{topic}"` for every partition of every topic (as KafkaSource)."""
@@ -119,6 +128,9 @@ class _ChangelogPartition(StatefulSourcePartition[KafkaMessage | CaughtUp, None]
         self._held = source.held
         self._caught_up = False
         self._read = 0
+        # CaughtUp was (or is to be) emitted before the end: the table is held elsewhere.
+        self._early = source.ready is not None and source.ready()
+        self._reported = False
         self._next_check = time.monotonic() + CHECK_EVERY_S
         if start is not None:
             log.info("changelog.resume part=%s offset=%d", part, start)
@@ -158,7 +170,12 @@ class _ChangelogPartition(StatefulSourcePartition[KafkaMessage | CaughtUp, None]
         if eof and not self._caught_up:
             self._caught_up = True
             log.info("changelog.caught_up part=%s records=%d", self._part, self._read)
-            out.append(CaughtUp(self._part))
+            if not self._reported:
+                out.append(CaughtUp(self._part))
+        if self._early and not self._reported:
+            log.info("changelog.ready_early part=%s (the table is held elsewhere)", self._part)
+            out.insert(0, CaughtUp(self._part))
+        self._reported = self._reported or self._early or self._caught_up
         return out
 
     def _check_held(self, held: HeldTable) -> None:
@@ -172,6 +189,7 @@ class _ChangelogPartition(StatefulSourcePartition[KafkaMessage | CaughtUp, None]
             TopicPartition(self._tp.topic, self._tp.partition, OFFSET_BEGINNING)
         )
         self._caught_up = False
+        self._reported = self._early = False
         self._read = 0
 
     def next_awake(self) -> None:

@@ -1,6 +1,9 @@
 """Read-your-writes for the plan job: the API's Redis copies of preferences and contact points.
 
     ApiCopies(client).fresh(batch)   (shard, Planned) items with each user's newest state
+    RedisHeld(redis, topic_prefix)   where the copies stand: whether they hold every user, and
+                                     up to which changelog offsets (the users job keeps them,
+                                     dataflows/users.py)
 
 The user table follows the herald.preferences / herald.devices changelogs, which the job reads
 a little behind the writes (another topic than the requests, its own consumer). The API answers
@@ -27,11 +30,13 @@ import orjson
 import redis
 
 from api import keys
+from dataflows._redis import redis_client
+from herald.config import RedisSettings
 from herald.errors import HeraldError
 from herald.planning import Planned, UserView
 from herald.policy import ContactPoints, Preferences
 
-__all__ = ["ApiCopies"]
+__all__ = ["ApiCopies", "RedisHeld"]
 
 log = logging.getLogger(__name__)
 
@@ -99,3 +104,32 @@ def _rebuild(
         index += len(planned.users)
         out.append((shard, planned))
     return out
+
+
+class RedisHeld:
+    """Where the copies are, for the changelog source (dataflows/_changelog.py `HeldTable`)."""
+
+    def __init__(self, settings: RedisSettings, topic_prefix: str) -> None:
+        self.settings = settings
+        self.positions = keys.users_positions(topic_prefix)
+        self.ready = keys.users_ready(topic_prefix)
+        self.restored = keys.users_restored(topic_prefix)
+        self._client: redis.Redis | redis.RedisCluster | None = None
+
+    def _redis(self) -> redis.Redis | redis.RedisCluster:
+        if self._client is None:
+            self._client = redis_client(self.settings)
+        return self._client
+
+    def position(self, part: str) -> int | None:
+        """The next offset of `part` the copies do not hold (None: from the beginning)."""
+        raw = self._redis().hget(self.positions, part)
+        return None if raw is None else int(raw)
+
+    def holds(self) -> bool:
+        """Whether the copies hold every user (`users:{<prefix>}:restored`)."""
+        return bool(self._redis().exists(self.restored))
+
+    def remember(self, part: str) -> None:
+        """Position 0 for `part` unless it has one: a loss of Redis' data shows as none."""
+        self._redis().hsetnx(self.positions, part, 0)

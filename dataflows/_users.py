@@ -18,8 +18,10 @@ users: the table loaded in 4.8-5.5 s instead of 8.3-8.8 s (bench/plan.py --proce
 Readiness: the table is rebuilt from the changelogs on every start (dataflows/_changelog.py) and
 is not part of the snapshot. A shard plans nothing until every changelog partition has reported
 `CaughtUp`; tasks arriving before that wait in the shard (and in its snapshot, so none is lost),
-so a user's opt-out is never missed because the table was still loading. The snapshot is only
-that short list of waiting tasks.
+so a user's opt-out is never missed because the table was still loading. A partition reports it
+at once when the Redis copies hold every user (the planner reads them for every user it plans,
+dataflows/_copies.py, and takes the newer of copy and table). The snapshot is only that short
+list of waiting tasks.
 """
 
 from __future__ import annotations

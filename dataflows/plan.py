@@ -23,8 +23,12 @@ Run one process per class, so a bulk backlog never delays transactional planning
 Where state lives and why it is safe to replay (every output is at-least-once):
 - request offsets and segment expansions (batch number + keyset cursor): source snapshots
   (dataflows/_requests.py); audiences: ClickHouse `segment_members` (dataflows/_audience.py);
-- the user table: rebuilt from the compacted topics on start, planning waits until they are
-  caught up (dataflows/_users.py); keyed by crc32(user_id) shard, so correct across processes;
+- the user table: rebuilt from the compacted topics on start (dataflows/_users.py); keyed by
+  crc32(user_id) shard, so correct across processes. Planning waits until the topics are caught
+  up, unless the Redis copies hold every user (`users:{prefix}:restored`, kept by the users job,
+  dataflows/users.py): then it plans at once from the copies, which it reads for every planned
+  user anyway (below), while the table loads behind. So a restarted plan job plans within its
+  process start, whatever the number of users;
 - request dedup and frequency caps: Redis, replay-safe by origin and per-notification markers
   (dataflows/_redis.py); a replayed request yields the same delivery_ids and event_ids, which
   the dispatch send guard and the ClickHouse table deduplicate.
@@ -49,6 +53,7 @@ from bytewax.operators import BranchOut
 from dataflows._audience import ClickHouseAudience
 from dataflows._changelog import ChangelogSource
 from dataflows._common import produce_with_dead_letters
+from dataflows._copies import RedisHeld
 from dataflows._encode import Encoder
 from dataflows._metrics import CountOutputs
 from dataflows._planner import Admission, Planner
@@ -179,7 +184,9 @@ def _table(flow: Dataflow, p: _Parts, bounded: bool) -> tuple[BranchOut[Any, Any
     changelog partitions."""
     kafka = p.settings.kafka
     topics = [kafka.topic(PREFERENCES_TOPIC), kafka.topic(DEVICES_TOPIC)]
-    changelog = ChangelogSource(kafka, topics, bounded=bounded)
+    # Ready at once when the Redis copies hold every user (module docstring).
+    copies = RedisHeld(p.settings.redis, kafka.topic_prefix)
+    changelog = ChangelogSource(kafka, topics, bounded=bounded, ready=copies.holds)
     changes = op.input("users_in", flow, changelog)
     # KafkaMessage | CaughtUp
     decoder = ChangelogDecoder(AvroDeserializer(p.registry), kafka.topic(PREFERENCES_TOPIC))

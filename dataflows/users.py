@@ -47,10 +47,11 @@ from bytewax.outputs import DynamicSink, StatelessSinkPartition
 
 from api import keys
 from dataflows._changelog import ChangelogSource
+from dataflows._copies import RedisHeld
 from dataflows._redis import redis_client
 from dataflows._settings import entry_settings
 from herald.catalog import InvalidLocale
-from herald.config import HeraldSettings, RedisSettings
+from herald.config import HeraldSettings
 from herald.errors import SerdeError
 from herald.planning import CaughtUp
 from herald.policy import ContactPoints, Preferences
@@ -60,7 +61,7 @@ from schemas.serde import AvroDeserializer
 from sinks.kafka import KafkaProducerSink, kafka_output, to_dead_letter_topic
 from sources.kafka import KafkaMessage
 
-__all__ = ["CopyWrite", "RedisHeld", "build_flow"]
+__all__ = ["CopyWrite", "build_flow"]
 
 log = logging.getLogger(__name__)
 
@@ -94,35 +95,6 @@ class Skipped(NamedTuple):
 
     part: str
     offset: int
-
-
-class RedisHeld:
-    """Where the copies are, for the changelog source (dataflows/_changelog.py `HeldTable`)."""
-
-    def __init__(self, settings: RedisSettings, topic_prefix: str) -> None:
-        self.settings = settings
-        self.positions = keys.users_positions(topic_prefix)
-        self.ready = keys.users_ready(topic_prefix)
-        self.restored = keys.users_restored(topic_prefix)
-        self._client: redis.Redis | redis.RedisCluster | None = None
-
-    def _redis(self) -> redis.Redis | redis.RedisCluster:
-        if self._client is None:
-            self._client = redis_client(self.settings)
-        return self._client
-
-    def position(self, part: str) -> int | None:
-        """The next offset of `part` the copies do not hold (None: from the beginning)."""
-        raw = self._redis().hget(self.positions, part)
-        return None if raw is None else int(raw)
-
-    def holds(self) -> bool:
-        """Whether the copies hold every user (`users:{<prefix>}:restored`)."""
-        return bool(self._redis().exists(self.restored))
-
-    def remember(self, part: str) -> None:
-        """Position 0 for `part` unless it has one: a loss of Redis' data shows as none."""
-        self._redis().hsetnx(self.positions, part, 0)
 
 
 @dataclass(frozen=True)

@@ -3,9 +3,10 @@
 - `stack`: Kafka (Tansu), Redis and the ClickHouse server on free ports, migrations applied,
   for the whole session (no simulators, no jobs: tests start the processes they exercise).
 - `settings`: HeraldSettings for one test: its own topic prefix (every topic of
-  infra/topics.toml created under it) and its own file-backed schema registry. Its user copies
-  count as restored (`users:{prefix}:restored`, as the users job leaves them on an empty
-  changelog): no users job runs unless the test starts one, and those tests remove the marker.
+  infra/topics.toml created under it) and its own file-backed schema registry.
+- `mark_users_restored`: what the users job (dataflows/users.py) says once the Redis copies hold
+  every user, for tests that run the API without that job (every user they have is written
+  through the API, so its copies do hold them).
 """
 
 from __future__ import annotations
@@ -80,7 +81,6 @@ def settings(stack: RunningStack, tmp_path: Path) -> HeraldSettings:
 
     kafka = stack.settings.kafka.model_copy(update={"topic_prefix": unique_prefix()})
     create_topics(kafka)
-    mark_users_restored(stack.settings.redis.url, kafka.topic_prefix)
     return stack.settings.model_copy(
         update={"kafka": kafka, "registry": RegistrySettings(path=tmp_path / "registry")}
     )

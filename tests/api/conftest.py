@@ -25,6 +25,7 @@ from herald.config import HeraldSettings
 from infra.process import free_port
 from schemas.registry import make_registry
 from schemas.serde import AvroDeserializer
+from tests.conftest import mark_users_restored
 
 FULL_KEY = "hk_test_full_0123456789abcdef"
 READ_KEY = "hk_test_read_0123456789abcdef"
@@ -140,6 +141,7 @@ def api(settings: HeraldSettings) -> Iterator[RunningApi]:
         sms_a_auth_token=SMS_A_TOKEN, sms_b_signature_secret=SMS_B_SECRET,
         email_webhook_public_key=EMAIL_KEYS.public_b64,
     )  # fmt: skip
+    mark_users_restored(settings.redis.url, settings.kafka.topic_prefix)
     app = create_app(settings, api=make_api_settings(), providers=providers, tenants=make_tenants())
     for url in serve(app):
         yield RunningApi(url, settings, app)

@@ -18,6 +18,7 @@ from api.app import create_app
 from api.settings import ProviderSecrets
 from herald.config import HeraldSettings
 from tests.api.conftest import FULL_KEY, make_api_settings, make_tenants, serve
+from tests.conftest import mark_users_restored
 from tests.dataflows.jobs import EVENTS, Job, assert_no_job_errors, read, wait_for
 
 pytestmark = pytest.mark.integration
@@ -29,6 +30,7 @@ ROUNDS = 12
 
 @pytest.fixture
 def api_url(settings: HeraldSettings) -> Iterator[str]:
+    mark_users_restored(settings.redis.url, settings.kafka.topic_prefix)  # users come by the API
     app = create_app(
         settings, api=make_api_settings(), providers=ProviderSecrets(), tenants=make_tenants()
     )

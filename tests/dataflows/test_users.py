@@ -12,8 +12,11 @@ import redis
 from bytewax.testing import run_main
 
 from api import keys
+from dataflows._changelog import ChangelogSource
 from dataflows.users import build_flow
 from herald.config import HeraldSettings
+from herald.planning import CaughtUp
+from sources.kafka import KafkaMessage
 from tests.conftest import child_env
 from tests.dataflows.helpers import produce
 from tests.dataflows.jobs import (
@@ -129,3 +132,38 @@ def test_running_job_restores_what_redis_lost(settings: HeraldSettings, tmp_path
         output = job.stop()
     assert "changelog.table_lost" in output, output[-3000:]
     assert_no_job_errors(output)
+
+
+def _drain(source: ChangelogSource) -> dict[str, list[object]]:
+    """Every item of every partition of a bounded source, per partition."""
+    out: dict[str, list[object]] = {}
+    for part in source.list_parts():
+        partition = source.build_part("t", part, None)
+        items = out.setdefault(part, [])
+        deadline = time.monotonic() + 30
+        try:
+            while time.monotonic() < deadline:
+                items.extend(partition.next_batch())
+        except StopIteration:
+            pass
+        finally:
+            partition.close()
+    return out
+
+
+def test_plan_is_ready_before_its_table_loads_when_the_copies_hold_every_user(
+    settings: HeraldSettings,
+) -> None:
+    """The plan job's changelog source: while the copies hold every user, each partition says
+    `CaughtUp` before its first record (the job plans from the copies at once); otherwise only
+    after its last one. Either way every record is read, and `CaughtUp` comes once."""
+    send(settings, DEVICES, [contacts(f"r{i}") for i in range(40)], "user_id")
+    topics = [settings.kafka.topic(DEVICES)]
+    for ready, first in ((True, 0), (False, -1)):
+        source = ChangelogSource(settings.kafka, topics, bounded=True, ready=lambda r=ready: r)
+        parts = _drain(source)
+        records = [i for items in parts.values() for i in items if isinstance(i, KafkaMessage)]
+        assert len(records) == 40
+        for part, items in parts.items():
+            assert items[first] == CaughtUp(part), (ready, part, items[:2])
+            assert sum(isinstance(i, CaughtUp) for i in items) == 1

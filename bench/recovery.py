@@ -51,7 +51,8 @@ KILL_ORDER = (
     "api", "accepted", "digest", "plan_normal", "plan_bulk", "plan_transactional", "schedule",
     "dispatch_normal", "dispatch_bulk_push", "dispatch_bulk_sms", "dispatch_bulk_email",
     "dispatch_bulk_inapp", "dispatch_transactional",
-    "retry_normal", "retry_bulk", "retry_transactional", "receipts", "warehouse", "dashboards",
+    "retry_normal", "retry_bulk", "retry_transactional", "receipts", "warehouse", "users",
+    "dashboards",
     "sim-apns", "sim-fcm", "sim-email", "sim-sms_a", "sim-sms_b", "redis",
 )  # fmt: skip
 QUICK_ORDER = ("api", "plan_transactional", "dispatch_transactional", "sim-sms_a", "redis")

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
-from typing import Protocol
-
-from clickhouse_connect.driver.client import Client
+from typing import TYPE_CHECKING, Protocol
 
 from herald.config import ClickHouseSettings
-from infra.clickhouse import herald_client
+
+if TYPE_CHECKING:
+    from clickhouse_connect.driver.client import Client
 
 __all__ = [
     "AudienceStore",
@@ -63,7 +63,7 @@ class ClickHouseAudience:
 
     def _ready(self) -> Client:
         if self._client is None:
-            self._client = herald_client(self._settings)
+            self._client = _client(self._settings)
         return self._client
 
     def page(self, segment_id: str, after: str, limit: int) -> list[Member]:
@@ -81,6 +81,15 @@ class ClickHouseAudience:
             self._client = None
 
 
+def _client(settings: ClickHouseSettings) -> Client:
+    """A ClickHouse client, its driver imported on first use: clickhouse_connect takes ~0.2 s
+    to import, which a restarted plan job would otherwise add to its first OTP (a
+    transactional plan job rarely expands a segment)."""
+    from infra.clickhouse import herald_client
+
+    return herald_client(settings)
+
+
 def load_segment(
     settings: ClickHouseSettings,
     segment_id: str,
@@ -88,7 +97,7 @@ def load_segment(
     chunk: int = 100_000,
 ) -> int:
     """Write a segment snapshot (tests, demos, benchmarks); returns the number of rows."""
-    client = herald_client(settings)
+    client = _client(settings)
     try:
         rows: list[list[object]] = []
         total = 0

@@ -244,6 +244,6 @@ def build_flow(
     # the same dead_letter dicts
     produce_with_dead_letters(
         "kafka_out", encoded.trues, letters, kafka=settings.kafka, registry=p.registry,
-        sink=KafkaProducerSink(settings.kafka, parts=4),
+        sink=KafkaProducerSink(settings.kafka, parts=4, warm=True),
     )  # fmt: skip
     return flow

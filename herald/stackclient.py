@@ -317,7 +317,7 @@ class StackClient:
     def kill(self, component: str, sig: int = signals.SIGKILL) -> int:
         """Send `sig` to the component's process group; returns the pid signalled.
 
-        The supervisor notices a dead component within ~1 s and restarts it, with a backoff
+        The supervisor notices a dead component within 0.1 s and restarts it, with a backoff
         of 2, 4, ... 30 s between successive restarts of the same component (infra/stack.py).
         """
         pid = self.pid(component)

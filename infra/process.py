@@ -169,6 +169,8 @@ class ManagedProcess:
     env: Mapping[str, str] = field(default_factory=dict)
     cwd: Path | None = None
     proc: subprocess.Popen[bytes] | None = None
+    # A pipe on stdin (a warm spare waits for a line on it, infra/spare.py).
+    stdin_pipe: bool = False
 
     def start(self) -> None:
         """Start the process; stdout and stderr go to `log_path` (appended)."""
@@ -177,7 +179,7 @@ class ManagedProcess:
         with open(self.log_path, "ab") as logfile:
             self.proc = subprocess.Popen(
                 list(self.argv),
-                stdin=subprocess.DEVNULL,
+                stdin=subprocess.PIPE if self.stdin_pipe else subprocess.DEVNULL,
                 stdout=logfile,
                 stderr=subprocess.STDOUT,
                 env=env,
@@ -190,6 +192,18 @@ class ManagedProcess:
     @property
     def pid(self) -> int | None:
         return self.proc.pid if self.proc else None
+
+    def go(self) -> bool:
+        """Tell a waiting spare to start (one line on its stdin); False when it is gone."""
+        if self.proc is None or self.proc.stdin is None or not self.alive():
+            return False
+        try:
+            self.proc.stdin.write(b"go\n")
+            self.proc.stdin.close()
+        except OSError:
+            return False
+        log.info("process.spare_started name=%s pid=%s", self.name, self.proc.pid)
+        return True
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None

@@ -139,6 +139,7 @@ class KafkaProducerSink(EpochFlushSink[SinkItem]):
         producer_config: Mapping[str, str | int | bool] | None = None,
         flush_timeout: float | None = None,
         max_block: float = 60.0,
+        warm: bool = False,
     ) -> None:
         super().__init__(parts)
         self.config: dict[str, str | int | bool] = {
@@ -149,24 +150,61 @@ class KafkaProducerSink(EpochFlushSink[SinkItem]):
         timeout_ms = int(self.config["message.timeout.ms"])
         self.flush_timeout = flush_timeout if flush_timeout else timeout_ms / 1000 + 10
         self.max_block = max_block
+        # Producers made now for the partitions Bytewax builds on their first record: an
+        # idempotent producer's first record waits for its producer id (~0.5 s on the embedded
+        # broker), which a job on the OTP path would otherwise add to its first OTP after
+        # every start. One per partition; those this process does not host stay unused.
+        self._warm = (
+            {part: _WarmProducer(self.config) for part in self.list_parts()} if warm else {}
+        )
 
     def build_writer(self, step_id: str, part: str) -> _ProducerPartition:
         """Called by Bytewax once per partition on its primary worker."""
+        warm = self._warm.pop(part, None)
         config = {**self.config, "client.id": f"herald-{step_id}-{part}"}
-        return _ProducerPartition(f"{step_id}/{part}", config, self.flush_timeout, self.max_block)
+        return _ProducerPartition(
+            f"{step_id}/{part}", config, self.flush_timeout, self.max_block, warm
+        )
+
+
+class _WarmProducer:
+    """A producer made before its partition, whose callbacks reach the partition once built."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.partition: _ProducerPartition | None = None
+        self.producer = Producer(
+            {**config, "error_cb": self._on_error, "on_delivery": self._on_delivery}
+        )
+
+    def _on_error(self, err: KafkaError) -> None:
+        if self.partition is not None:
+            self.partition._on_error(err)
+
+    def _on_delivery(self, err: KafkaError | None, msg: Message) -> None:
+        if self.partition is not None:
+            self.partition._on_delivery(err, msg)
 
 
 class _ProducerPartition(EpochFlushPartition[SinkItem]):
     """Owns one Producer; see the module docstring for the guarantee."""
 
     def __init__(
-        self, name: str, config: dict[str, Any], flush_timeout: float, max_block: float
+        self,
+        name: str,
+        config: dict[str, Any],
+        flush_timeout: float,
+        max_block: float,
+        warm: _WarmProducer | None = None,
     ) -> None:
         self._name = name
         self._tracker = DeliveryTracker(name)
-        self._producer = Producer(
-            {**config, "error_cb": self._on_error, "on_delivery": self._on_delivery}
-        )
+        if warm is not None:
+            warm.partition = self
+            self._producer = warm.producer
+        else:
+            self._producer = Producer(
+                {**config, "error_cb": self._on_error, "on_delivery": self._on_delivery}
+            )
         self._flush_timeout = flush_timeout
         self._max_block = max_block
         self._last_warning = 0.0

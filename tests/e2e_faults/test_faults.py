@@ -12,7 +12,7 @@ and its outcome is held to the guarantees of README "Guarantees":
 - bulk is at most once per delivery: no duplicates at all;
 - the supervisor restarted every killed component and each became healthy again.
 
-The test kills one process of every kind, one after the other (25 kills: the API, every Bytewax
+The test kills one process of every kind, one after the other (26 kills: the API, every Bytewax
 job, the dashboards, every provider simulator, Redis), the same sequence as `python -m
 bench.recovery`. Kafka (Tansu) is memory-only, so killing it is a restart from empty, not a
 recovery: it is left out (README "Known limits").
@@ -30,7 +30,7 @@ RATE = 10.0  # OTPs per second through the API while processes are killed
 
 
 # The stack alone takes 10 s to start on an idle machine and 2 min on a loaded one; the whole
-# run (25 kills) is 2-3 min idle. pytest-timeout's default (300 s) would kill it without
+# run (26 kills) is 2-3 min idle. pytest-timeout's default (300 s) would kill it without
 # `herald down`.
 @pytest.mark.timeout(1800)
 def test_sigkill_every_process_kind_under_otp_and_bulk_load(tmp_path: Path) -> None:

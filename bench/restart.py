@@ -91,7 +91,7 @@ def _copies_at_end(stack: FullStack, timeout: float) -> float:
         }
         while time.monotonic() - started < timeout:
             held = hot.hgetall(keys.users_positions(kafka.topic_prefix))
-            at = {k.decode(): int(v) for k, v in held.items()}
+            at = {(k.decode() if isinstance(k, bytes) else k): int(v) for k, v in held.items()}
             if all(at.get(part, 0) >= end for part, end in ends.items()):
                 break
             time.sleep(1)

@@ -7,9 +7,9 @@ bench/fullstack.py starts it):
 
 1. **load**: N users' contact points straight onto the compacted herald.devices topic (a bulk
    import); wait until the users job's Redis copies hold them (its positions at the topic's
-   end, dataflows/users.py) and every plan job has loaded them into its table (the plan jobs
-   log `changelog.caught_up` per partition). Resident memory of the plan jobs, the users job
-   and Redis is read then;
+   end, dataflows/users.py) and every plan job has loaded them into its table (its resident
+   memory stopped growing for 10 s). Resident memory of the plan jobs, the users job and Redis
+   is read then;
 2. **OTPs**: 200 OTP requests at 20/s through POST /v1/notifications, one user and phone each
    (registered through the API before), and `plan_transactional` SIGKILLed after the 60th;
    the supervisor restarts it. Latency = the time the SMS provider simulator logged the
@@ -101,18 +101,18 @@ def _copies_at_end(stack: FullStack, timeout: float) -> float:
     return round(time.monotonic() - started, 1)
 
 
-def _tables_loaded(stack: FullStack, parts: int, timeout: float) -> float:
-    """Wait until every plan job logged `changelog.caught_up` for each changelog partition."""
+def _tables_loaded(stack: FullStack, timeout: float, still_s: float = 10.0) -> float:
+    """Wait until no plan job's resident memory grew by more than 1 % for `still_s` (each has
+    read the changelog into its table); seconds waited."""
     started = time.monotonic()
-    while time.monotonic() - started < timeout:
-        logs = [(stack.run_dir / "logs" / f"{job}.log") for job in PLAN_JOBS]
-        counts = [
-            log.read_text(errors="replace").count("changelog.caught_up") if log.exists() else 0
-            for log in logs
-        ]
-        if all(c >= parts for c in counts):
-            break
+    pids = _pids(stack)
+    last = {job: _rss_mb(pids[job]) for job in PLAN_JOBS}
+    since = time.monotonic()
+    while time.monotonic() - started < timeout and time.monotonic() - since < still_s:
         time.sleep(1)
+        now = {job: _rss_mb(pids[job]) for job in PLAN_JOBS}
+        if any(now[j] > last[j] * 1.01 for j in PLAN_JOBS):
+            last, since = now, time.monotonic()
     return round(time.monotonic() - started, 1)
 
 
@@ -174,6 +174,53 @@ def _otps_with_kill(stack: FullStack, users: list[str], tag: str) -> dict[str, A
     }
 
 
+def _otps_with_dispatch_kills(stack: FullStack, users: list[str], tag: str) -> dict[str, Any]:
+    """OTPS at RATE/s, dispatch_transactional SIGKILLed after the 60th and the 130th: per kill,
+    the OTPs in flight (posted, not yet at a provider) and the duplicates among them."""
+    from herald.stackclient import StackClient
+
+    client = StackClient.from_run_dir(stack.run_dir)
+    sent: dict[str, float] = {}
+    kills: list[float] = []
+    at_kill = {min(KILL_AFTER, len(users) // 3), min(130, 2 * len(users) // 3)}
+    next_at = time.monotonic()
+    for i, user in enumerate(users):
+        if i in at_kill:
+            old = client.kill("dispatch_transactional")
+            kills.append(time.time())
+            threading.Thread(
+                target=client.wait_restarted, args=("dispatch_transactional", old, 120),
+                daemon=True,
+            ).start()  # fmt: skip
+        body = {"request_id": f"{tag}-{i}", "notification_type": OTP_TYPE,
+                "recipients": {"user_ids": [user]}, "params": {"code": f"{i:06d}"}}  # fmt: skip
+        _nid, at = stack.post(body)
+        sent[_phone(user)] = at
+        next_at += 1 / RATE
+        time.sleep(max(0.0, next_at - time.monotonic()))
+    client.close()
+    arrived = _arrivals(stack, sent, timeout=120)
+    copies: dict[str, int] = {}
+    for sim in SMS_SIMS:
+        for at, address, outcome in stack.sim_stats(sim, log=True).get("log", []):
+            if outcome == "accepted" and address in sent and at >= sent[address] - 0.05:
+                copies[address] = copies.get(address, 0) + 1
+    per_kill = []
+    for t in kills:
+        in_flight = [a for a, s in sent.items() if s < t and arrived.get(a, float("inf")) > t]
+        # a duplicate's first copy reached the provider just before the kill
+        dups = [a for a, s in sent.items() if copies.get(a, 0) > 1 and t - 5 < arrived[a] <= t]
+        per_kill.append({"in_flight": len(in_flight), "duplicates": len(dups)})
+    latencies = [arrived[a] - s for a, s in sent.items() if a in arrived]
+    return {
+        "sent": len(sent),
+        "reached": len(arrived),
+        "duplicates": sum(1 for n in copies.values() if n > 1),
+        "per_kill": per_kill,
+        "latency_s": latencies,
+    }
+
+
 def _arrivals(stack: FullStack, sent: dict[str, float], timeout: float) -> dict[str, float]:
     """{phone: when an SMS provider first accepted a message to it}, once every phone in
     `sent` has one (or at the timeout)."""
@@ -190,16 +237,16 @@ def _arrivals(stack: FullStack, sent: dict[str, float], timeout: float) -> dict[
         time.sleep(1)
 
 
-def run_one(users: int, quick: bool = False) -> dict[str, Any]:
-    """One stack, `users` loaded, the OTP traffic with the kill."""
+def run_one(users: int, quick: bool = False, with_dispatch_kills: bool = False) -> dict[str, Any]:
+    """One stack, `users` loaded, the OTP traffic with the kill(s)."""
     tmp = tempfile.mkdtemp(prefix="herald-restart-")
     try:
-        return _run_one(Path(tmp), users, quick)
+        return _run_one(Path(tmp), users, quick, with_dispatch_kills)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _run_one(tmp: Path, users: int, quick: bool) -> dict[str, Any]:
+def _run_one(tmp: Path, users: int, quick: bool, with_dispatch_kills: bool) -> dict[str, Any]:
     with full_stack(tmp / "run", env={"HERALD_LOG_LEVEL": "INFO"}) as stack:
         _say(f"loading {users:,} users onto herald.devices")
         t0 = time.monotonic()
@@ -207,8 +254,7 @@ def _run_one(tmp: Path, users: int, quick: bool) -> dict[str, Any]:
         produce_s = round(time.monotonic() - t0, 1)
         copies_s = _copies_at_end(stack, timeout=1800)
         _say(f"copies hold them {copies_s} s after the produce ({produce_s} s)")
-        parts = 8  # 4 partitions each of herald.preferences and herald.devices
-        tables_s = _tables_loaded(stack, parts, timeout=1800)
+        tables_s = _tables_loaded(stack, timeout=1800)
         _say(f"plan tables loaded (+{tables_s} s)")
         time.sleep(5)
         pids = _pids(stack)
@@ -219,12 +265,21 @@ def _run_one(tmp: Path, users: int, quick: bool) -> dict[str, Any]:
             stack.put_phone(user, _phone(user))
         _say("OTP traffic, plan_transactional killed after the 60th")
         otp = _otps_with_kill(stack, otp_users, f"restart-{users}")
+        dispatch = None
+        if with_dispatch_kills:
+            d_users = [f"otpd-{1000 + i}" for i in range(len(otp_users))]
+            for user in d_users:
+                stack.put_phone(user, _phone(user))
+            _say("OTP traffic, dispatch_transactional killed twice")
+            dispatch = _otps_with_dispatch_kills(stack, d_users, f"dkill-{users}")
         return {"users": users, "produce_s": produce_s, "copies_s": copies_s,
-                "tables_s": tables_s, "rss_mb": rss, "redis_mb": redis_mb, **otp}  # fmt: skip
+                "tables_s": tables_s, "rss_mb": rss, "redis_mb": redis_mb,
+                "dispatch_kills": dispatch, **otp}  # fmt: skip
 
 
 def run(user_counts: list[int], quick: bool = False) -> dict[str, Any]:
-    return {"runs": [run_one(n, quick) for n in user_counts]}
+    return {"runs": [run_one(n, quick, with_dispatch_kills=i == 0)
+                     for i, n in enumerate(user_counts)]}  # fmt: skip
 
 
 def _ms(values: list[float], p: float) -> float | None:
@@ -258,6 +313,23 @@ def result_of(raw: dict[str, Any]) -> dict[str, Any]:
             f"that; resident MB {r['rss_mb']}; {r['reached']}/{r['sent']} OTPs reached a "
             f"provider; kill → new process {r['kill_to_restart_s']} s (the supervisor looks "
             "every 0.1 s)"
+        )
+    kills = next((r["dispatch_kills"] for r in raw["runs"] if r.get("dispatch_kills")), None)
+    if kills:
+        figures += [
+            figure("dispatch_transactional killed twice: OTPs sent twice", kills["duplicates"],
+                   "OTPs", better="lower",
+                   target="≤ in flight at the kills: " + ", ".join(
+                       str(k["in_flight"]) for k in kills["per_kill"])),
+            figure("dispatch_transactional killed twice: OTP accept → provider, max",
+                   _ms(kills["latency_s"], 1.0), "ms", better="lower", target="≤ 3,000"),
+            figure("dispatch_transactional killed twice: OTP accept → provider, p99",
+                   _ms(kills["latency_s"], 0.99), "ms", better="lower"),
+        ]  # fmt: skip
+        notes.append(
+            f"dispatch_transactional kills: per kill {kills['per_kill']} (in flight = posted and "
+            f"not yet at a provider at the kill); {kills['reached']}/{kills['sent']} OTPs reached "
+            "a provider"
         )
     return make_result(
         "A plan job killed under OTP traffic, by users loaded", figures, notes=notes,

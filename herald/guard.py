@@ -25,10 +25,27 @@ rejection, 429) the sink calls `release` so the retry may proceed; after `Unknow
 `release` and `mark_unknown` act only on the caller's own PENDING/CLAIMED value (compare-and-set
 in Lua), so a worker whose PENDING expired never frees a key another worker now holds. `mark_sent`
 is unconditional: once a provider accepted the message, SENT is the truth.
+
+Leases (`lease_ttl_s`, the dispatch job's guards): a guard names its owner in its PENDING values
+(`PENDING:<owner>.<token>`) and keeps `guard-lease:{<owner>}` alive (TTL `lease_ttl_s`, renewed
+three times per TTL by a thread; deleted by `close`). A redelivered message that finds a PENDING
+whose owner's lease is gone (the worker was killed: it cannot be calling the provider any more)
+takes the key over at once (compare-and-set on that exact value) instead of waiting out the
+PENDING TTL: `Proceed(taken_over=True)`. The provider may have accepted the dead worker's call,
+so a takeover may send a duplicate, as a lapsed PENDING would, only up to `pending_ttl_s`
+sooner: an OTP in flight at a dispatch kill is resent within the lease TTL (seconds), not a
+minute later. A live owner's PENDING still answers InFlight, retried when its lease would end.
+
+Seats (`seat`, with leases): the stable name of a worker's place (the dispatch job's step and
+worker index). A guard taking a seat ends the lease of the seat's previous owner
+(`guard-seat:{<seat>}` names it): a process that replaces a dead one on the same seat (its
+restart) frees the dead one's PENDINGs at once, without waiting out the lease.
 """
 
 from __future__ import annotations
 
+import logging
+import threading
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -36,9 +53,13 @@ from typing import Literal
 
 import redis
 
-__all__ = ["AlreadySent", "GuardResult", "InFlight", "Proceed", "SendGuard", "guard_key"]
+__all__ = [
+    "AlreadySent", "GuardResult", "InFlight", "Proceed", "SendGuard", "guard_key", "lease_key",
+]  # fmt: skip
 
 GuardClass = Literal["transactional", "normal", "bulk"]
+
+log = logging.getLogger(__name__)
 
 # KEYS[1] guard key; ARGV: value, ttl_ms. Returns {1, ""} when taken, else {0, value, pttl}.
 _ACQUIRE = """
@@ -71,6 +92,18 @@ def guard_key(delivery_id: str, prefix: str = "") -> str:
     return f"{prefix}guard:{{{delivery_id}}}"
 
 
+def lease_key(owner: str, prefix: str = "") -> str:
+    """The lease of a guard owner: `<prefix>guard-lease:{<owner>}`."""
+    return f"{prefix}guard-lease:{{{owner}}}"
+
+
+def _owner_of(value: str) -> str | None:
+    """The owner named in a leased PENDING value (None: a guard without a lease wrote it)."""
+    kind, _, token = value.partition(":")
+    owner, dot, _rest = token.partition(".")
+    return owner if kind == "PENDING" and dot else None
+
+
 @dataclass(frozen=True, slots=True)
 class Proceed:
     """The caller holds the guard: call the provider, then mark_sent/release/mark_unknown."""
@@ -78,6 +111,8 @@ class Proceed:
     delivery_id: str
     token: str
     two_phase: bool
+    # The key was taken from a dead owner's PENDING (module docstring, "Leases").
+    taken_over: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +130,8 @@ class InFlight:
 
     delivery_id: str
     retry_after_s: float
+    # The PENDING value found (who holds it), "" when unknown.
+    holder: str = ""
 
 
 GuardResult = Proceed | AlreadySent | InFlight
@@ -117,6 +154,8 @@ class SendGuard:
         sent_ttl_s: float = 7 * 86400.0,
         prefix: str = "",
         two_phase_classes: frozenset[str] = frozenset({"transactional"}),
+        lease_ttl_s: float | None = None,
+        seat: str | None = None,
     ) -> None:
         self._client = client
         self._pending_ms = max(int(pending_ttl_s * 1000), 1)
@@ -128,6 +167,39 @@ class SendGuard:
         # A Cluster spreads the keys over slots: one script call per key there, pipelined.
         self._single_node = not isinstance(client, redis.RedisCluster)
         self._swap = client.register_script(_SWAP_IF_OWNED)
+        self.owner = uuid.uuid4().hex[:16]
+        self._lease_ms = int(lease_ttl_s * 1000) if lease_ttl_s else 0
+        self._stop = threading.Event()
+        if self._lease_ms:
+            self._renew()
+            if seat is not None:
+                before = client.getset(f"{prefix}guard-seat:{{{seat}}}", self.owner)
+                if before:
+                    old = before.decode() if isinstance(before, bytes) else str(before)
+                    client.delete(lease_key(old, prefix))
+                    log.info("guard.seat_taken seat=%s previous_owner=%s", seat, old)
+            threading.Thread(
+                target=self._keep_lease, name=f"guard-lease-{self.owner}", daemon=True
+            ).start()
+
+    def _renew(self) -> None:
+        self._client.set(lease_key(self.owner, self._prefix), b"1", px=self._lease_ms)
+
+    def _keep_lease(self) -> None:
+        while not self._stop.wait(self._lease_ms / 3000):
+            try:
+                self._renew()
+            except redis.RedisError as exc:  # the next renewal tries again
+                log.warning("guard.lease_renew_failed error=%s", type(exc).__name__)
+
+    def close(self) -> None:
+        """Stop renewing the lease and delete it: this owner's PENDINGs are free at once."""
+        if self._lease_ms and not self._stop.is_set():
+            self._stop.set()
+            try:
+                self._client.delete(lease_key(self.owner, self._prefix))
+            except redis.RedisError as exc:
+                log.warning("guard.lease_delete_failed error=%s", type(exc).__name__)
 
     def acquire(self, delivery_id: str, traffic_class: GuardClass) -> GuardResult:
         """Take the guard before the provider call (one round trip)."""
@@ -138,7 +210,9 @@ class SendGuard:
         a pipeline of per-key calls on a Cluster); results in the same order."""
         if not items:
             return []
-        base = uuid.uuid4().hex[:24]  # one random owner prefix per batch, unique per key
+        base = uuid.uuid4().hex[:24]  # one random prefix per batch, unique per key
+        if self._lease_ms:
+            base = f"{self.owner}.{base}"
         keys: list[str] = []
         args: list[str | int] = []
         tokens: list[tuple[str, bool]] = []
@@ -156,12 +230,51 @@ class SendGuard:
             for i, key in enumerate(keys):
                 self._acquire(keys=[key], args=args[2 * i : 2 * i + 2], client=pipe)
             replies = pipe.execute()
-        return [
+        results = [
             _result(delivery_id, token, two_phase, reply)
             for (delivery_id, _), (token, two_phase), reply in zip(
                 items, tokens, replies, strict=True
             )
         ]
+        if self._lease_ms:
+            self._take_over_dead(results, base)
+        return results
+
+    def _take_over_dead(self, results: list[GuardResult], base: str) -> None:
+        """Replace in `results` every InFlight held by an owner whose lease is gone with a
+        Proceed of ours (compare-and-set on the value found)."""
+        held = [
+            (i, r, owner)
+            for i, r in enumerate(results)
+            if isinstance(r, InFlight)
+            and (owner := _owner_of(r.holder)) is not None
+            and owner != self.owner
+        ]
+        if not held:
+            return
+        owners = sorted({owner for _i, _r, owner in held})
+        pipe = self._client.pipeline(transaction=False)
+        for owner in owners:
+            pipe.pttl(lease_key(owner, self._prefix))
+        lease_ms = dict(zip(owners, pipe.execute(), strict=True))
+        for i, r, owner in held:
+            if int(lease_ms[owner]) > 0:  # alive: look again when its lease would have ended
+                retry = min(r.retry_after_s, int(lease_ms[owner]) / 1000 + self._lease_ms / 3000)
+                results[i] = InFlight(r.delivery_id, retry, r.holder)
+        dead = [(i, r) for i, r, owner in held if int(lease_ms[owner]) <= 0]
+        if not dead:
+            return
+        pipe = self._client.pipeline(transaction=False)
+        tokens = [f"{base}t{i:08x}" for i, _r in dead]
+        for (_i, r), token in zip(dead, tokens, strict=True):
+            key = self._key(r.delivery_id)
+            self._swap(keys=[key], args=[r.holder, f"PENDING:{token}", self._pending_ms],
+                       client=pipe)  # fmt: skip
+        for (i, r), token, swapped in zip(dead, tokens, pipe.execute(), strict=True):
+            if swapped:
+                log.warning("guard.taken_over delivery_id=%s from=%s", r.delivery_id,
+                            _owner_of(r.holder))  # fmt: skip
+                results[i] = Proceed(r.delivery_id, token, True, taken_over=True)
 
     def mark_sent(self, guard: Proceed, provider_msg_id: str = "") -> None:
         """The provider accepted: SENT with the long TTL (transactional; no-op for bulk)."""
@@ -219,7 +332,7 @@ def _result(delivery_id: str, token: str, two_phase: bool, reply: list[object]) 
     kind, _, rest = value.partition(":")
     if kind == "PENDING":
         pttl = int(reply[2])  # type: ignore[call-overload]
-        return InFlight(delivery_id, max(pttl, 0) / 1000.0)
+        return InFlight(delivery_id, max(pttl, 0) / 1000.0, value)
     if kind == "SENT":
         return AlreadySent(delivery_id, "sent", rest or None)
     if kind == "UNKNOWN":

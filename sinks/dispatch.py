@@ -103,8 +103,11 @@ class DispatchPartition(StatelessSinkPartition[Decoded]):
         self.redis = redis_client(settings.redis)
         catalog = sink.catalog or load_catalog(cfg.catalog_path)
         prefix = cfg.state_prefix
-        guard = SendGuard(self.redis, pending_ttl_s=cfg.pending_ttl_s,
-                          sent_ttl_s=cfg.sent_ttl_s, prefix=prefix)  # fmt: skip
+        self.guard = guard = SendGuard(
+            self.redis, pending_ttl_s=cfg.pending_ttl_s, sent_ttl_s=cfg.sent_ttl_s,
+            prefix=prefix, lease_ttl_s=cfg.lease_ttl_s,
+            seat=f"{settings.kafka.topic_prefix}{name}",
+        )  # fmt: skip
         default, overrides = cfg.breaker_config()
         self.breaker = CircuitBreaker(self.redis, default, overrides=overrides, prefix=prefix)
         shaper = RateShaper(self.redis, cfg.provider_rates(), prefix=prefix)
@@ -170,6 +173,7 @@ class DispatchPartition(StatelessSinkPartition[Decoded]):
             log.warning("dispatch.breaker_flush_failed error=%s", type(exc).__name__)
         self.providers.close()
         self.loop.close()
+        self.guard.close()
         try:
             self.producer.flush()
         except DeliveryError:

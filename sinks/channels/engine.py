@@ -8,7 +8,8 @@ Stages (herald.dispatching holds the pure rules, herald.retry the decisions):
    the retry topic unchanged, to be held by the retry job;
 2. guard (`SendGuard.acquire_many`, one round trip): SENT → its PROVIDER_ACCEPTED event is
    emitted again (same id) and nothing is sent; CLAIMED/UNKNOWN → skipped; PENDING of another
-   worker → requeued for when that PENDING expires (seed 000 §5.2 "try again later");
+   live worker → requeued for when that PENDING (or its worker's lease) expires (seed 000 §5.2
+   "try again later"); PENDING of a dead worker (lease gone) → taken over and sent;
 3. re-checks just before sending: expired → EXPIRED, opted out since planning → SUPPRESSED
    (the API's Redis copy of the preferences, one round trip), guard released;
 4. rounds: breaker admission per delivery (a refused one fails over or is requeued without
@@ -179,6 +180,8 @@ class Dispatcher:
             if isinstance(result, Proceed):
                 it.guard = result
                 kept.append(it)
+                if result.taken_over:  # its worker died mid-send: sent again (crash window)
+                    self.metrics.error("guard_taken_over")
             elif isinstance(result, InFlight):
                 at = next_in(result.retry_after_s + self._rng.uniform(0.0, 1.0), now)
                 out.retries.append(requeued(it.delivery, at))

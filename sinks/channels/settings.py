@@ -115,6 +115,9 @@ class DispatchSettings(BaseSettings):
     # Send guard: PENDING (transactional, before the call) and SENT/CLAIMED TTLs.
     pending_ttl_s: float = 60.0
     sent_ttl_s: float = 7 * 86400.0
+    # A worker's lease on its PENDINGs (herald.guard): a killed worker's are taken over once it
+    # lapses (or at once by the process that takes its seat), not after pending_ttl_s.
+    lease_ttl_s: float = Field(default=2.0, gt=0)
     # Provider budgets (providers without one, e.g. the inbox, are not shaped).
     rates: dict[str, RateModel] = Field(default_factory=_default_rates)
     # Longest wait for tokens per batch; what is not granted by then goes to the retry topic.

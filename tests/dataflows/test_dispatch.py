@@ -119,7 +119,10 @@ def test_sigkill_after_the_call_sends_at_most_one_duplicate(
     recovery.mkdir()
     init_db_dir(recovery, 1)
     marker = tmp_path / "crashed"
-    crash_env = {**env, "HERALD_TEST_CRASH_MARKER": str(marker)}
+    # PENDING would hold the crashed sends for a minute: the restarted worker takes its seat
+    # and the PENDINGs over at once (herald.guard leases), so they are sent again within seconds
+    crash_env = {**env, "HERALD_TEST_CRASH_MARKER": str(marker),
+                 "HERALD_DISPATCH_PENDING_TTL_S": "60"}  # fmt: skip
     crashing = "tests.dataflows.dispatch_crash:build_flow(stage='sent')"
     args = ("-r", str(recovery), "-s", "1", "-b", "0")
     batch = [delivery() for _ in range(4)]
@@ -148,6 +151,7 @@ def test_sigkill_after_the_call_sends_at_most_one_duplicate(
     for d in batch:
         sends = accepted_for(apns, d["address"])
         assert sends == (2 if d["delivery_id"] in crashed_ids else 1)  # at most one duplicate
+    assert "guard.seat_taken" in out and out.count("guard.taken_over") == len(crashed_ids)
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,15 @@ from collections import Counter
 import pytest
 import redis
 
-from herald.guard import AlreadySent, GuardClass, InFlight, Proceed, SendGuard, guard_key
+from herald.guard import (
+    AlreadySent,
+    GuardClass,
+    InFlight,
+    Proceed,
+    SendGuard,
+    guard_key,
+    lease_key,
+)
 
 PENDING_TTL = 0.6  # short, yet long enough that "still in flight" holds on a loaded box
 
@@ -209,3 +217,77 @@ def test_batch_release_frees_only_the_callers_own_keys(client: redis.Redis, pref
     assert guard.release_many([stale, *mine]) == [False, True, True]  # type: ignore[list-item]
     again = guard.acquire_many([("r1", "transactional"), ("r2", "bulk")])
     assert all(isinstance(r, Proceed) for r in again)
+
+
+LEASE = 0.3
+
+
+def leased(client: redis.Redis, prefix: str, seat: str | None = None) -> SendGuard:
+    """A guard with a lease, as the dispatch job builds it."""
+    return SendGuard(client, pending_ttl_s=60, sent_ttl_s=3600, prefix=prefix,
+                     lease_ttl_s=LEASE, seat=seat)  # fmt: skip
+
+
+def killed(guard: SendGuard) -> None:
+    """What SIGKILL leaves of a guard: its lease is no longer renewed (and is not deleted)."""
+    guard._stop.set()
+
+
+def test_a_killed_owners_pending_is_taken_over_when_its_lease_ends(
+    client: redis.Redis, prefix: str
+) -> None:
+    """A worker dies between its PENDING and the provider's answer: the redelivered message is
+    sent again once the lease lapses (seconds), not after the 60 s PENDING TTL."""
+    provider, dead = Provider(), leased(client, prefix)
+    assert isinstance(worker(dead, provider, "d-lease", crash="after_call"), Proceed)
+    killed(dead)
+    successor = leased(client, prefix)
+    try:
+        first = successor.acquire("d-lease", "transactional")
+        assert isinstance(first, InFlight) and first.retry_after_s <= LEASE * 2  # not 60 s
+        deadline = time.monotonic() + 10
+        while not isinstance(result := successor.acquire("d-lease", "transactional"), Proceed):
+            assert time.monotonic() < deadline, result
+            time.sleep(first.retry_after_s)
+        assert result.taken_over and client.pttl(lease_key(dead.owner, prefix)) < 0
+        provider.send("d-lease")
+        successor.mark_sent(result, "msg-2")
+        assert provider.sent["d-lease"] == 2  # the crash window's one duplicate, no loss
+        assert successor.acquire("d-lease", "transactional") == AlreadySent(
+            "d-lease", "sent", "msg-2"
+        )
+    finally:
+        successor.close()
+
+
+def test_a_live_owner_keeps_its_pending(client: redis.Redis, prefix: str) -> None:
+    """The owner's thread renews its lease: after several lease lengths another worker still
+    finds it alive and waits."""
+    owner, other = leased(client, prefix), leased(client, prefix)
+    try:
+        assert isinstance(owner.acquire("d-live", "transactional"), Proceed)
+        started = time.monotonic()
+        while time.monotonic() - started < 3 * LEASE:
+            assert isinstance(other.acquire("d-live", "transactional"), InFlight)
+            time.sleep(LEASE / 3)
+        assert client.pttl(lease_key(owner.owner, prefix)) > 0
+    finally:
+        owner.close()
+        other.close()
+    assert client.exists(lease_key(owner.owner, prefix)) == 0  # a clean stop ends the lease
+
+
+def test_the_process_taking_a_seat_frees_its_predecessor_at_once(
+    client: redis.Redis, prefix: str
+) -> None:
+    """A restarted worker (same seat) ends the lease of the one it replaces: the PENDING that
+    one left is taken over on the first look."""
+    provider, dead = Provider(), leased(client, prefix, seat="dispatch/w0")
+    worker(dead, provider, "d-seat", crash="after_call")
+    killed(dead)
+    restarted = leased(client, prefix, seat="dispatch/w0")
+    try:
+        result = restarted.acquire("d-seat", "transactional")
+        assert isinstance(result, Proceed) and result.taken_over
+    finally:
+        restarted.close()

@@ -34,6 +34,8 @@ from bench._report import render
 SCENARIOS: dict[str, tuple[str, float]] = {
     # the whole stack first (SPEC §6: these are the figures that count); components follow
     "fullstack": ("bench.fullstack:result", 1200),
+    # a plan job killed under OTP traffic at 100k and 1M users; dispatch killed twice
+    "restart": ("bench.restart:result", 1800),
     "api_accept": ("bench._adapters:api_accept", 300),
     "plan": ("bench._adapters:plan", 600),
     "digest": ("bench._adapters:digest", 420),

@@ -88,6 +88,10 @@ class DispatchSink(DynamicSink[Decoded]):
         self.factories = dict(factories) if factories is not None else None
         self.hook = hook
         self.catalog = catalog
+        # The events' producer, made now: a fresh idempotent producer's first record waits
+        # ~0.5 s for its producer id, which the first OTP after a start would otherwise wait
+        # (sinks/kafka.py `warm`). Bytewax builds this sink's partition on its first delivery.
+        self.events = KafkaProducerSink(settings.kafka, warm=True)
 
     def build(self, step_id: str, worker_index: int, worker_count: int) -> DispatchPartition:
         """Called once per worker."""
@@ -122,7 +126,7 @@ class DispatchPartition(StatelessSinkPartition[Decoded]):
             metrics=JobMetrics("dispatch"), hook=sink.hook,
         )  # fmt: skip
         self.encoder = RecordEncoder(settings, make_registry(settings.registry))
-        self.producer = KafkaProducerSink(settings.kafka).build_writer("dispatch", name)
+        self.producer = sink.events.build_writer(f"dispatch-{name}", "part-0")
         self.max_slice = cfg.max_slice
         self._closed = False
 

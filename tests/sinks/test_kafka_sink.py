@@ -66,6 +66,28 @@ def test_records_arrive(settings: HeraldSettings) -> None:
     )
 
 
+def test_warm_producers_serve_their_partitions(settings: HeraldSettings) -> None:
+    """Producers made with the sink (`warm=True`, for jobs on the OTP path) are the ones the
+    partitions use: the records arrive, and a refused record still fails the job."""
+    topic = settings.kafka.topic(TOPIC)
+    records = [KafkaRecord(topic, f"w{i}", f"v{i}".encode()) for i in range(100)]
+    sink = KafkaProducerSink(settings.kafka, parts=2, warm=True)
+    warm = {part: w.producer for part, w in sink._warm.items()}
+    assert sorted(warm) == ["part-0", "part-1"]
+    writer = sink.build_writer("t", "part-1")
+    assert writer._producer is warm["part-1"] and "part-1" not in sink._warm
+    writer.release()
+
+    run_records(records, KafkaProducerSink(settings.kafka, parts=2, warm=True))
+    assert len(consume(settings, TOPIC)) == 100
+    missing = [KafkaRecord(settings.kafka.topic("no-such-topic"), "k", b"v")]
+    with pytest.raises(Exception) as info:
+        run_records(
+            missing, KafkaProducerSink(settings.kafka, producer_config=FAST_FAIL, warm=True)
+        )
+    assert raised_delivery_error(info.value)  # the warm producer's reports reach its partition
+
+
 def test_same_key_keeps_its_order(settings: HeraldSettings) -> None:
     topic = settings.kafka.topic(TOPIC)
     records = [KafkaRecord(topic, "same", f"{i:04d}".encode()) for i in range(300)]

@@ -170,7 +170,7 @@ class _ChangelogPartition(StatefulSourcePartition[KafkaMessage | CaughtUp, None]
         if eof and not self._caught_up:
             self._caught_up = True
             log.info("changelog.caught_up part=%s records=%d", self._part, self._read)
-            if not self._reported:
+            if not (self._reported or self._early):  # an early one is emitted below
                 out.append(CaughtUp(self._part))
         if self._early and not self._reported:
             log.info("changelog.ready_early part=%s (the table is held elsewhere)", self._part)

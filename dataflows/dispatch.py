@@ -88,6 +88,7 @@ def build_flow(
     batch stages (tests; see sinks/channels/engine.py).
     """
     topics = _topics(channel, traffic_class)
+    job_process = settings is None
     if settings is None:
         serving = configure_process()
         settings = HeraldSettings()
@@ -103,7 +104,7 @@ def build_flow(
         timestamps="millis",
     )  # fmt: skip
     # oks: Decoded(KafkaMessage, delivery dict, timestamps as epoch ms); errs: dead_letter dict
-    sink = DispatchSink(settings, dispatch, factories=factories, hook=hook)
+    sink = DispatchSink(settings, dispatch, factories=factories, hook=hook, warm=job_process)
     op.output("dispatch", deliveries.oks, sink)
     letters = to_dead_letter_topic(
         "dead_letters_out", deliveries.errs, kafka=settings.kafka, registry=registry

@@ -209,6 +209,7 @@ def build_flow(
     of every input (tests, benchmarks)."""
     if traffic_class not in TRAFFIC_CLASSES:
         raise ValueError(f"traffic_class must be one of {TRAFFIC_CLASSES}, got {traffic_class!r}")
+    job_process = settings is None  # the producers are made at start in a job process only
     settings = entry_settings(settings)
     planning = planning if planning is not None else PlanningSettings()
     p = _Parts(
@@ -244,6 +245,6 @@ def build_flow(
     # the same dead_letter dicts
     produce_with_dead_letters(
         "kafka_out", encoded.trues, letters, kafka=settings.kafka, registry=p.registry,
-        sink=KafkaProducerSink(settings.kafka, parts=4, warm=True),
+        sink=KafkaProducerSink(settings.kafka, parts=4, warm=job_process),
     )  # fmt: skip
     return flow

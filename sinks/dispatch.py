@@ -82,16 +82,18 @@ class DispatchSink(DynamicSink[Decoded]):
         factories: Mapping[str, Factory] | None = None,
         hook: Hook | None = None,
         catalog: Catalog | None = None,
+        warm: bool = False,
     ) -> None:
         self.settings = settings
         self.dispatch = dispatch
         self.factories = dict(factories) if factories is not None else None
         self.hook = hook
         self.catalog = catalog
-        # The events' producer, made now: a fresh idempotent producer's first record waits
-        # ~0.5 s for its producer id, which the first OTP after a start would otherwise wait
-        # (sinks/kafka.py `warm`). Bytewax builds this sink's partition on its first delivery.
-        self.events = KafkaProducerSink(settings.kafka, warm=True)
+        # `warm` (a job process): the events' producer is made now. A fresh idempotent
+        # producer's first record waits ~0.5 s for its producer id, which the first OTP after a
+        # start would otherwise wait (sinks/kafka.py); Bytewax builds this sink's partition on
+        # its first delivery.
+        self.events = KafkaProducerSink(settings.kafka, warm=warm)
 
     def build(self, step_id: str, worker_index: int, worker_count: int) -> DispatchPartition:
         """Called once per worker."""

@@ -158,7 +158,7 @@ def test_plan_is_ready_before_its_table_loads_when_the_copies_hold_every_user(
     `CaughtUp` before its first record (the job plans from the copies at once); otherwise only
     after its last one. Either way every record is read, and `CaughtUp` comes once."""
     send(settings, DEVICES, [contacts(f"r{i}") for i in range(40)], "user_id")
-    topics = [settings.kafka.topic(DEVICES)]
+    topics = [settings.kafka.topic(DEVICES), settings.kafka.topic(PREFS)]  # PREFS: empty
     for ready, first in ((True, 0), (False, -1)):
         source = ChangelogSource(settings.kafka, topics, bounded=True, ready=lambda r=ready: r)
         parts = _drain(source)

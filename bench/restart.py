@@ -32,6 +32,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -126,12 +127,28 @@ def _redis_mb(stack: FullStack) -> float:
         hot.close()
 
 
+def _otp_stream(
+    stack: FullStack, users: list[str], tag: str, before: Callable[[int], None]
+) -> dict[str, float]:
+    """One OTP per user at RATE/s (`before(i)` runs before the i-th); {phone: time sent}."""
+    sent: dict[str, float] = {}
+    next_at = time.monotonic()
+    for i, user in enumerate(users):
+        before(i)
+        body = {"request_id": f"{tag}-{i}", "notification_type": OTP_TYPE,
+                "recipients": {"user_ids": [user]}, "params": {"code": f"{i:06d}"}}  # fmt: skip
+        _nid, at = stack.post(body)
+        sent[_phone(user)] = at
+        next_at += 1 / RATE
+        time.sleep(max(0.0, next_at - time.monotonic()))
+    return sent
+
+
 def _otps_with_kill(stack: FullStack, users: list[str], tag: str) -> dict[str, Any]:
     """OTPS at RATE/s, plan_transactional SIGKILLed after KILL_AFTER of them (module doc)."""
     from herald.stackclient import StackClient
 
     client = StackClient.from_run_dir(stack.run_dir)
-    sent: dict[str, float] = {}
     killed: dict[str, float] = {}
 
     def kill() -> None:
@@ -140,19 +157,14 @@ def _otps_with_kill(stack: FullStack, users: list[str], tag: str) -> dict[str, A
         client.wait_restarted("plan_transactional", old, timeout=120)
         killed["restarted"] = time.time()
 
-    killer: threading.Thread | None = None
-    next_at = time.monotonic()
-    for i, user in enumerate(users):
+    killer = threading.Thread(target=kill, daemon=True)
+
+    def before(i: int) -> None:
         if i == min(KILL_AFTER, len(users) // 3):
-            killer = threading.Thread(target=kill, daemon=True)
             killer.start()
-        body = {"request_id": f"{tag}-{i}", "notification_type": OTP_TYPE,
-                "recipients": {"user_ids": [user]}, "params": {"code": f"{i:06d}"}}  # fmt: skip
-        _nid, at = stack.post(body)
-        sent[_phone(user)] = at
-        next_at += 1 / RATE
-        time.sleep(max(0.0, next_at - time.monotonic()))
-    if killer is not None:
+
+    sent = _otp_stream(stack, users, tag, before)
+    if killer.is_alive():
         killer.join(timeout=150)
     client.close()
     arrived = _arrivals(stack, sent, timeout=90)
@@ -180,11 +192,10 @@ def _otps_with_dispatch_kills(stack: FullStack, users: list[str], tag: str) -> d
     from herald.stackclient import StackClient
 
     client = StackClient.from_run_dir(stack.run_dir)
-    sent: dict[str, float] = {}
     kills: list[float] = []
     at_kill = {min(KILL_AFTER, len(users) // 3), min(130, 2 * len(users) // 3)}
-    next_at = time.monotonic()
-    for i, user in enumerate(users):
+
+    def before(i: int) -> None:
         if i in at_kill:
             old = client.kill("dispatch_transactional")
             kills.append(time.time())
@@ -192,12 +203,8 @@ def _otps_with_dispatch_kills(stack: FullStack, users: list[str], tag: str) -> d
                 target=client.wait_restarted, args=("dispatch_transactional", old, 120),
                 daemon=True,
             ).start()  # fmt: skip
-        body = {"request_id": f"{tag}-{i}", "notification_type": OTP_TYPE,
-                "recipients": {"user_ids": [user]}, "params": {"code": f"{i:06d}"}}  # fmt: skip
-        _nid, at = stack.post(body)
-        sent[_phone(user)] = at
-        next_at += 1 / RATE
-        time.sleep(max(0.0, next_at - time.monotonic()))
+
+    sent = _otp_stream(stack, users, tag, before)
     client.close()
     arrived = _arrivals(stack, sent, timeout=120)
     copies: dict[str, int] = {}

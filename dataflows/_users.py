@@ -76,6 +76,16 @@ class ChangelogDecoder:
             if not item.key:
                 return item.dead_letter("tombstone_without_key", "null value and no key", self.job)
             return TableUpdate(kind, item.key.decode(errors="replace"), None)
+        parsed = self.record(item)
+        if isinstance(parsed, dict):
+            return parsed
+        value = parsed[1]
+        return TableUpdate(kind, value.user_id, value)
+
+    def record(
+        self, item: KafkaMessage
+    ) -> tuple[dict[str, Any], Preferences | ContactPoints] | dict[str, Any]:
+        """A record with a value: (decoded record, validated state), or its dead letter."""
         try:
             rec = self.deserializer(item.value)
         except SerdeError as exc:
@@ -83,18 +93,19 @@ class ChangelogDecoder:
         try:
             value: Preferences | ContactPoints = (
                 Preferences.from_record(rec)
-                if kind == "preferences"
+                if item.topic == self.preferences_topic
                 else ContactPoints.from_record(rec)
             )
         except (InvalidTimezone, InvalidTimeOfDay, InvalidLocale) as exc:
             log.warning(
-                "plan.bad_preferences topic=%s offset=%d reason=%s",
+                "%s.bad_record topic=%s offset=%d reason=%s",
+                self.job,
                 item.topic,
                 item.offset,
                 exc.code,
             )
             return item.dead_letter(exc.code, str(exc), self.job)
-        return TableUpdate(kind, value.user_id, value)
+        return rec, value
 
 
 @dataclass(frozen=True)

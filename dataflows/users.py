@@ -50,12 +50,9 @@ from dataflows._changelog import ChangelogSource
 from dataflows._copies import RedisHeld
 from dataflows._redis import redis_client
 from dataflows._settings import entry_settings
-from herald.catalog import InvalidLocale
+from dataflows._users import ChangelogDecoder
 from herald.config import HeraldSettings
-from herald.errors import SerdeError
 from herald.planning import CaughtUp
-from herald.policy import ContactPoints, Preferences
-from herald.quiet_hours import InvalidTimeOfDay, InvalidTimezone
 from schemas.registry import make_registry
 from schemas.serde import AvroDeserializer
 from sinks.kafka import KafkaProducerSink, kafka_output, to_dead_letter_topic
@@ -102,8 +99,7 @@ class ToCopies:
     """Changelog items -> `CopyWrite`s and `CaughtUp`s in order, and dead letters (a
     `flat_map_batch` mapper)."""
 
-    deserializer: AvroDeserializer
-    preferences_topic: str
+    decoder: ChangelogDecoder  # the plan job's (job="users")
 
     def __call__(self, batch: list[KafkaMessage | CaughtUp]) -> list[Any]:
         out: list[Any] = []
@@ -118,7 +114,7 @@ class ToCopies:
         return out
 
     def _one(self, item: KafkaMessage) -> CopyWrite | dict[str, Any]:
-        prefs = item.topic == self.preferences_topic
+        prefs = item.topic == self.decoder.preferences_topic
         part = f"{item.partition}-{item.topic}"
         if item.value is None:
             if not item.key:
@@ -126,16 +122,11 @@ class ToCopies:
             user = item.key.decode(errors="replace")
             key = keys.prefs(user) if prefs else keys.contact_points(user)
             return CopyWrite(part, item.offset, key, None, 0)
-        try:
-            rec = self.deserializer(item.value)
-            # the validation the plan job applies (a copy it could not read is not written)
-            state = Preferences.from_record(rec) if prefs else ContactPoints.from_record(rec)
-        except SerdeError as exc:
-            return item.dead_letter(exc.reason, exc.detail, JOB)
-        except (InvalidTimezone, InvalidTimeOfDay, InvalidLocale) as exc:
-            log.warning("users.bad_record topic=%s offset=%d reason=%s",
-                        item.topic, item.offset, exc.code)  # fmt: skip
-            return item.dead_letter(exc.code, str(exc), JOB)
+        # the plan job's decoding and validation (a copy it could not read is not written)
+        parsed = self.decoder.record(item)
+        if isinstance(parsed, dict):
+            return parsed
+        rec, state = parsed
         user = state.user_id
         key = keys.prefs(user) if prefs else keys.contact_points(user)
         return CopyWrite(part, item.offset, key, orjson.dumps(_as_ms(rec)), state.version)
@@ -238,7 +229,9 @@ def build_flow(settings: HeraldSettings | None = None, *, bounded: bool = False)
     changes = op.input("changelog_in", flow, source)
     # KafkaMessage | CaughtUp
     copies = op.flat_map_batch(
-        "to_copies", changes, ToCopies(AvroDeserializer(registry), kafka.topic(PREFERENCES_TOPIC))
+        "to_copies",
+        changes,
+        ToCopies(ChangelogDecoder(AvroDeserializer(registry), kafka.topic(PREFERENCES_TOPIC), JOB)),
     )
     # CopyWrite | Skipped | CaughtUp | dead_letter dict
     split = op.branch("split", copies, _is_write)

@@ -4,21 +4,25 @@
     python -m bench.plan --processes 1 2  (the job as 1, then 2 bytewax.run processes)
 
 Scenario: a bulk marketing campaign (marketing_campaign: push + email, capped 3/day) to N users
-with preferences and contact points in the compacted topics, sent as N/1,000 requests of 1,000
-inline users. Each user gets a policy decision per channel, a frequency-cap charge in Redis (one
-pipelined round trip per batch), a render from the per-locale bound template, then a Delivery
-and a delivery_event, both Avro-encoded and produced (acks=all). 10 % of the users opted out of
-marketing (SUPPRESSED events only), the others get 2 deliveries.
+with preferences and contact points in the compacted topics, copied into Redis by the users job
+(dataflows/users.py) as on the stack, sent as N/1,000 requests of 1,000 inline users. Each user's
+state is read from its copies (one MGET per chunk of users, each copy parsed: the job has not
+seen these users before), then each user gets a policy decision per channel, a frequency-cap
+charge in Redis (one pipelined round trip per batch), a render from the per-locale bound
+template, then a Delivery and a delivery_event, both Avro-encoded and produced (acks=all).
+10 % of the users opted out of marketing (SUPPRESSED events only), the others get 2 deliveries.
 
 The job runs in this process (one Bytewax worker, bounded) with recovery snapshots on. Figures:
+- users job: the time it took to copy the users into Redis (not part of the planning rate);
 - deliveries/s: Delivery records / (time of the run with the campaign - time of the same run
-  without it): the planning rate, without startup and the user-table load (measured first);
+  without it): the planning rate, without startup (measured first);
 - output records/s: Deliveries + delivery events over the same time;
 - baseline: the same output records consumed and produced to a scratch topic, raw;
 - no-op planner: the same job and campaign with the planning step replaced by one that emits
   a copy of a real Delivery and event per user and channel without deciding anything (no
-  policy, caps, rendering, ids or encoding): what the rest of the job (request reading,
-  fan-out, user table, Bytewax, produce) allows per process, whatever the planner costs.
+  policy, caps, rendering, ids or encoding; the users' state is read as by the planner): what
+  the rest of the job (request reading, the users' copies, Bytewax, produce) allows per
+  process, whatever the planner costs.
 """
 
 from __future__ import annotations
@@ -49,9 +53,13 @@ from bench._harness import (
     topic_timestamps,
 )
 from dataflows import plan as plan_job
+from dataflows import users as users_job
+from dataflows._copies import UserState
+from dataflows._redis import redis_client
 from dataflows._runtime import tune_runtime
 from dataflows._settings import PlanningSettings
 from herald.config import HeraldSettings
+from herald.planning import AudienceBatch, Planned
 from schemas.registry import make_registry
 from sinks.kafka import KafkaRecord, topic_serializer
 
@@ -126,22 +134,23 @@ class _NoopPlanner:
         kafka = settings.kafka
         self.deliveries = [kafka.topic(t) for t in OUTPUTS[:2]]
         self.events = kafka.topic(EVENTS)
+        self.state = UserState(redis_client(settings.redis), kafka.topic_prefix, 50_000)
 
-    def fetch(self, batch: list[tuple[str, Any]]) -> Future[list[tuple[str, Any]]]:
-        """As `Planner.fetch`, without the API's copies (there are none)."""
-        fetched: Future[list[tuple[str, Any]]] = Future()
-        fetched.set_result(batch)
+    def fetch(self, batch: list[AudienceBatch]) -> Future[list[Planned]]:
+        """As `Planner.fetch` (in the calling thread)."""
+        fetched: Future[list[Planned]] = Future()
+        fetched.set_result(self.state.views(batch)[0])
         return fetched
 
-    def start(self, fetched: Future[list[tuple[str, Any]]]) -> Callable[[], list[KafkaRecord]]:
+    def start(self, fetched: Future[list[Planned]]) -> Callable[[], list[KafkaRecord]]:
         """As `Planner.start`: the records, given by the returned call."""
         records = self(fetched.result())
         return lambda: records
 
-    def __call__(self, batch: list[tuple[str, Any]]) -> list[KafkaRecord]:
+    def __call__(self, batch: list[Planned]) -> list[KafkaRecord]:
         out: list[KafkaRecord] = []
         sample, events = self.samples, self.events
-        for _shard, planned in batch:
+        for planned in batch:
             for view in planned.users:
                 user = view.user_id
                 if "marketing" in view.prefs.category_opt_out:
@@ -202,12 +211,21 @@ def _run_job(base: HeraldSettings, settings: HeraldSettings, name: str) -> tuple
     return time.perf_counter() - started, time.process_time() - cpu
 
 
+def _load_users(settings: HeraldSettings, users: int, diverse: bool) -> float:
+    """The users on the changelogs, then copied into Redis by the users job (bounded, in this
+    process); the users job's seconds."""
+    for topic in ("herald.preferences", "herald.devices"):
+        produce_all(settings, topic, users_table(settings, users, topic, diverse))
+    started = time.perf_counter()
+    run_main(users_job.build_flow(settings, bounded=True), epoch_interval=timedelta(seconds=1))
+    return time.perf_counter() - started
+
+
 def run(base: HeraldSettings, users: int = 100_000, diverse: bool = False) -> dict[str, Any]:
     """Produce the users and the campaign, run the job, measure the baseline; return figures."""
     settings = scenario_settings(base, "plan")
     try:
-        for topic in ("herald.preferences", "herald.devices"):
-            produce_all(settings, topic, users_table(settings, users, topic, diverse))
+        copy_s = _load_users(settings, users, diverse)
         load_s, load_cpu = _run_job(base, settings, "table")
         produce_all(settings, "herald.requests.bulk", campaign(settings, users))
         job_s, job_cpu = _run_job(base, settings, "campaign")
@@ -225,7 +243,8 @@ def run(base: HeraldSettings, users: int = 100_000, diverse: bool = False) -> di
             "users": users,
             "deliveries": deliveries,
             "delivery events": events,
-            "job seconds: startup + table load": load_s,
+            "users job seconds: the users' copies into Redis": copy_s,
+            "job seconds: startup": load_s,
             "job seconds: same + campaign": job_s,
             "plan deliveries/s": deliveries / span,
             "plan output records/s": (deliveries + events) / span,
@@ -244,17 +263,16 @@ JOB = "dataflows.plan:build_flow(traffic_class='bulk', bounded=True)"  # stops a
 
 def run_processes(base: HeraldSettings, users: int, processes: list[int]) -> dict[str, Any]:
     """The job as `python -m bytewax.run` processes (`-i/-a` for more than one, no recovery),
-    twice per count: over the user table alone, and over the table and the campaign; the
-    difference is the planning time, without start-up and table load."""
+    twice per count: without requests, and with the campaign; the difference is the planning
+    time, without start-up."""
     table = scenario_settings(base, "plan-table")
     full = scenario_settings(base, "plan-full")
     logs = base.run.run_dir / "bench-plan-logs"
     logs.mkdir(parents=True, exist_ok=True)
     figures: dict[str, Any] = {"users": users}
     try:
-        for settings in (table, full):
-            for topic in ("herald.preferences", "herald.devices"):
-                produce_all(settings, topic, users_table(settings, users, topic))
+        _load_users(table, 0, False)  # no users: only the marker that the copies hold them all
+        figures["users job seconds"] = _load_users(full, users, False)
         produce_all(full, "herald.requests.bulk", campaign(full, users))
         planned = 0
         for i, n in enumerate(processes, 1):
@@ -263,7 +281,7 @@ def run_processes(base: HeraldSettings, users: int, processes: list[int]) -> dic
             total = sum(topic_timestamps(full, t)[0] for t in OUTPUTS)
             deliveries, planned = total - planned, total  # each run plans the campaign again
             name = f"run {i}, {n} process{'es' if n > 1 else ''}"
-            figures[f"{name}: s, table / + campaign"] = f"{load_s:.1f} / {job_s:.1f}"
+            figures[f"{name}: s, startup / + campaign"] = f"{load_s:.1f} / {job_s:.1f}"
             figures[f"{name}: deliveries/s"] = deliveries / (job_s - load_s)
     finally:
         drop_topics(table)

@@ -177,16 +177,14 @@ MIN_CLASS_USERS = 3
 class Classes:
     """The templates of one planned batch, by request and class (see the module docstring)."""
 
-    def __init__(
-        self, encoder: Encoder, ids: PlanIds, batch: Sequence[tuple[str, Planned]] = ()
-    ) -> None:
+    def __init__(self, encoder: Encoder, ids: PlanIds, batch: Sequence[Planned] = ()) -> None:
         self.encoder = encoder
         self.ids = ids
         self._found: dict[tuple[int, int, int], Template | None] = {}
         key = self._key
         self._sizes = Counter(
             key(planned.request, view)
-            for _shard, planned in batch
+            for planned in batch
             for view in planned.users
             if view.params is None
         )  # users of each class in the batch

@@ -1,11 +1,10 @@
 """The plan job's batch steps: admission, then the policy with caps and rendering.
 
     Admission(...)(decoded)   requests -> PlanRequest | dead letter | None (a duplicate)
-    Planner(...)(batch)       (shard, Planned) items -> Output | KafkaRecord | dead letter: one
-                              Redis trip a batch for the API's copies of the users' state
-                              (read-your-writes, dataflows/_copies.py), one for the frequency
-                              caps; users planned alike get encoded records from a template
-                              (dataflows/_classes.py)
+    Planner(...)(batch)       audience batches -> Output | KafkaRecord | dead letter: one Redis
+                              trip a batch for the users' state (the copies, dataflows/_copies.py),
+                              one for the frequency caps; users planned alike get encoded
+                              records from a template (dataflows/_classes.py)
 
 They are callables over whole batches (`flat_map_batch`), so the per-item cost of the dataflow is
 paid once per batch for Redis round trips and clock reads. Redis clients are created on first use
@@ -24,7 +23,7 @@ from functools import partial
 from typing import Any, NamedTuple
 
 from dataflows._classes import Classes, Template
-from dataflows._copies import ApiCopies
+from dataflows._copies import BadCopy, UserState
 from dataflows._encode import Encoder
 from dataflows._metrics import CountOutputs
 from dataflows._redis import CapCharge, CapCounter, RequestGate, redis_client
@@ -42,7 +41,13 @@ from herald.plan_records import (
     refuse_capped,
     user_records,
 )
-from herald.planning import InvalidRequest, Planned, PlanRequest, UserView, admit_request
+from herald.planning import (
+    AudienceBatch,
+    InvalidRequest,
+    PlanRequest,
+    UserView,
+    admit_request,
+)
 from herald.policy import Decision
 from herald.states import State
 from sinks.kafka import dead_letter
@@ -115,43 +120,49 @@ class Planner:
         clock: Clock,
         encoder: Encoder,
         count: CountOutputs,
+        cache_users: int = 50_000,
     ) -> None:
         self.catalog = catalog
         self.settings = settings
         self.clock = clock
         self.encoder = encoder
         self.count = count
+        self.cache_users = cache_users  # UserState's parsed copies per generation
         self.renderer = Renderer(catalog)
         self._caps: CapCounter | None = None
-        self._copies: ApiCopies | None = None
+        self._state: UserState | None = None
         self._redis_thread: ThreadPoolExecutor | None = None
 
-    def __call__(self, batch: list[tuple[str, Planned]]) -> list[Any]:
-        """Outputs (or KafkaRecords) of every user of every item of the batch."""
+    def __call__(self, batch: list[AudienceBatch]) -> list[Any]:
+        """Outputs (or KafkaRecords) of every user of every audience batch."""
         return self.start(self.fetch(batch))()
 
-    def fetch(self, batch: list[tuple[str, Planned]]) -> Future[list[tuple[str, Planned]]]:
-        """`batch` with the API's newer copies of its users' state, read on the helper thread
-        while the caller goes on (dataflows/plan.py `_chain` fetches the next chunk's while
-        it plans this one)."""
-        if self._copies is None:
-            self._copies = ApiCopies(redis_client(self.settings.redis))
-        return self._helper().submit(self._copies.fresh, batch)
+    def fetch(self, batch: list[AudienceBatch]) -> Fetched:
+        """The batches and their users' copies, read on the helper thread while the caller goes
+        on (dataflows/plan.py `_chain` fetches the next chunk's while it plans this one)."""
+        if self._state is None:
+            self._state = UserState(
+                redis_client(self.settings.redis),
+                self.settings.kafka.topic_prefix,
+                self.cache_users,
+            )
+        return Fetched(batch, self._helper().submit(self._state.read, batch))
 
-    def start(self, fetched: Future[list[tuple[str, Planned]]]) -> Callable[[], list[Any]]:
+    def start(self, fetched: Fetched) -> Callable[[], list[Any]]:
         """Plan a fetched batch; the returned call waits for the cap charges' answers and gives
         the records. The plan job starts the next chunk before it finishes this one, so Redis
         answers while this process works. Users planned from a template are grouped by it and
         their records made together once the answers are in."""
-        batch = fetched.result()
+        assert self._state is not None  # made by fetch
+        batch, bad = self._state.parse(fetched.batches, fetched.copies.result())
         now = self.clock.now()
-        letters: list[Any] = []
+        letters: list[Any] = [_bad_copy_letter(b) for b in bad]
         plans: list[_Plan] = []  # users planned in full
         charged: list[tuple[int, CapCharge]] = []  # (index in plans, charge)
         groups: dict[Template, _Group] = {}  # users planned from a template
         days = CapDays(now)
         classes = Classes(self.encoder, self.renderer.ids, batch)
-        for _shard, planned in batch:
+        for planned in batch:
             request = planned.request
             nid = request.notification_id
             for view in planned.users:
@@ -257,6 +268,13 @@ class Planner:
         return self._redis_thread
 
 
+class Fetched(NamedTuple):
+    """Audience batches and their users' copies, on their way from Redis (`Planner.fetch`)."""
+
+    batches: list[AudienceBatch]
+    copies: Future[list[Any]]
+
+
 @dataclass(slots=True)
 class _Plan:
     """One user of a batch planned in full: its `decisions`, and its `records` when they were
@@ -289,6 +307,10 @@ def _user_letter(
         detail=f"{detail} (origin {request.origin})", delivery_id=delivery_id,
         expire_at=request.policy.expire_at,
     )  # fmt: skip
+
+
+def _bad_copy_letter(bad: BadCopy) -> DeadLetter:
+    return _user_letter(bad.request, bad.user_id, None, "bad_user_state", bad.detail)
 
 
 def _rejection_letter(request: PlanRequest, rejected: Rejected) -> DeadLetter:

@@ -6,8 +6,6 @@
     tune_runtime()                    the GC thresholds and the GIL switch interval below
                                       (in-process benchmarks call it too, so that they measure
                                       what a job process runs)
-    keep_long_lived(added)            gc.freeze() what the process holds, at the latest every
-                                      FREEZE_EVERY objects kept (the plan job's user table)
     defer_interrupts()                SIGINT stops the job through Bytewax's own signal check
 
 Garbage collector: CPython's default thresholds (700, 10, 10) collect the youngest generation
@@ -25,12 +23,6 @@ threads (the plan job's Redis calls, dataflows/_planner.py) need the GIL to pack
 parse an answer. With CPython's default 5 ms interval a helper waited up to 5 ms for each of
 those steps, and the worker then waited for the helper: 0.54 s of a 100k-user campaign's ~3.8 s.
 At 1 ms that wait fell to 0.09 s; the worker pays a few more switches.
-
-A large long-lived structure built at start (the plan job's user table: ~12 tracked objects per
-user) would still be scanned by every middle-generation collection until promoted, and by every
-full one after: `keep_long_lived` moves it out of the collector's reach with `gc.freeze()`.
-Frozen objects are still freed by reference counting; only cyclic garbage that happened to be
-alive at a freeze is never reclaimed, which is why the jobs freeze at a few known points.
 
 Interrupts: an idle job waits in its Kafka source's poll (sources/consumer.py), inside Python,
 so a SIGINT would raise KeyboardInterrupt there: Bytewax reports it as an error of the source
@@ -58,14 +50,11 @@ __all__ = [
     "SWITCH_INTERVAL_S",
     "configure_process",
     "defer_interrupts",
-    "keep_long_lived",
     "tune_runtime",
 ]
 
 GC_THRESHOLDS = (50_000, 20, 100)
 SWITCH_INTERVAL_S = 0.001
-FREEZE_EVERY = 200_000
-_unfrozen = 0
 
 
 def configure_process() -> int | None:
@@ -118,14 +107,3 @@ def tune_runtime() -> None:
     """Collect less often, switch threads sooner (see the module docstring)."""
     gc.set_threshold(*GC_THRESHOLDS)
     sys.setswitchinterval(SWITCH_INTERVAL_S)
-
-
-def keep_long_lived(added: int = 0) -> None:
-    """Tell the collector that what the process holds now is long-lived (`gc.freeze`), at the
-    latest every `FREEZE_EVERY` objects kept (`added` counts them; 0 = freeze now)."""
-    global _unfrozen
-    _unfrozen += added
-    if added and _unfrozen < FREEZE_EVERY:
-        return
-    _unfrozen = 0
-    gc.freeze()

@@ -37,8 +37,9 @@ class PlanningSettings(BaseSettings):
     audience_batch_size: int = 1000
     # plan: audience batches per second and request partition; 0 = as fast as possible.
     fanout_batches_per_second: float = 0.0
-    # plan: keyed user-table shards (keys of the `users` step); >= 8 x the worker count.
-    user_shards: int = 64
+    # plan: users whose parsed copies (preferences, contact points) a process keeps between
+    # batches, per generation (at most twice as many; dataflows/_copies.py).
+    state_cache_users: int = 50_000
     # plan: longest a request's notification_id is remembered to drop duplicate requests
     # (shorter for requests that expire earlier: until their expiry).
     request_dedup_ttl_seconds: int = 7 * 86400

@@ -1,7 +1,9 @@
 """plan: notification requests of one traffic class -> Deliveries, held deliveries and events.
 
-    herald.requests.{class}           --requests_in--> audience batches of <= 1,000 users
-    herald.preferences, herald.devices --users_in----> the user table (keyed by user shard)
+    herald.requests.{class} --requests_in--> audience batches of <= 1,000 users
+        -> spread over the job's workers
+        -> each user with their preferences and contact points: the Redis copies the users job
+           and the API keep (dataflows/_copies.py; one MGET per chunk of users)
         -> per user x channel: catalog, opt-outs, availability, quiet hours, caps, expiry,
            rendering, fallback (herald.policy via herald.plan_records); users planned alike
            (same preferences and kinds of contact points) get their records from a template
@@ -23,20 +25,17 @@ Run one process per class, so a bulk backlog never delays transactional planning
 Where state lives and why it is safe to replay (every output is at-least-once):
 - request offsets and segment expansions (batch number + keyset cursor): source snapshots
   (dataflows/_requests.py); audiences: ClickHouse `segment_members` (dataflows/_audience.py);
-- the user table: rebuilt from the compacted topics on start (dataflows/_users.py); keyed by
-  crc32(user_id) shard, so correct across processes. Planning waits until the topics are caught
-  up, unless the Redis copies hold every user (`users:{prefix}:restored`, kept by the users job,
-  dataflows/users.py): then it plans at once from the copies, which it reads for every planned
-  user anyway (below), while the table loads behind. So a restarted plan job plans within its
-  process start, whatever the number of users;
+- users' state: the Redis copies, kept equal to the compacted herald.preferences /
+  herald.devices changelogs by the users job (dataflows/users.py) and written by the API before
+  it answers. The job holds no user table: a (re)started process plans at once whatever the
+  number of users, and its memory does not grow with them. While the copies are being restored
+  (Redis lost its data) planning waits for them (`users:{prefix}:restored`);
 - request dedup and frequency caps: Redis, replay-safe by origin and per-notification markers
   (dataflows/_redis.py); a replayed request yields the same delivery_ids and event_ids, which
   the dispatch send guard and the ClickHouse table deduplicate.
-A preference change applies to every user planned after it; deliveries already planned or held
-are re-checked by dispatch just before sending. Read-your-writes: a request accepted after the
-API answered a contact-point or preferences write is planned with it, although the changelog
-may not have reached the table yet: the planner reads the API's Redis copies of the batch's
-users (one MGET a batch) and takes the newer version (dataflows/_copies.py).
+A preference change applies to every user planned after the API answered it (read-your-writes:
+the copy is written before the answer); deliveries already planned or held are re-checked by
+dispatch just before sending.
 """
 
 from __future__ import annotations
@@ -51,18 +50,15 @@ from bytewax.dataflow import Dataflow, Stream
 from bytewax.operators import BranchOut
 
 from dataflows._audience import ClickHouseAudience
-from dataflows._changelog import ChangelogSource
 from dataflows._common import produce_with_dead_letters
-from dataflows._copies import RedisHeld
 from dataflows._encode import Encoder
 from dataflows._metrics import CountOutputs
 from dataflows._planner import Admission, Planner
 from dataflows._requests import RequestSource
 from dataflows._settings import Clock, PlanningSettings, entry_settings
-from dataflows._users import ChangelogDecoder, ShardRouter, TableChanges, UserShardLogic
 from herald.catalog import TRAFFIC_CLASSES, Catalog, load_catalog
 from herald.config import HeraldSettings
-from herald.planning import AudienceBatch, Planned, split_by_shard
+from herald.planning import AudienceBatch
 from schemas.registry import SchemaRegistry, make_registry
 from schemas.serde import AvroDeserializer
 from sinks.kafka import KafkaProducerSink, RecordBatch, batch_records
@@ -71,16 +67,10 @@ __all__ = ["build_flow"]
 
 JOB = "plan"
 DeadLetter = dict[str, Any]
-PREFERENCES_TOPIC = "herald.preferences"
-DEVICES_TOPIC = "herald.devices"
 
 
 def _is_batch(item: Any) -> TypeGuard[AudienceBatch]:
     return isinstance(item, AudienceBatch)
-
-
-def _is_routed(item: Any) -> TypeGuard[tuple[str, TableChanges]]:
-    return isinstance(item, tuple)
 
 
 def _is_records(item: Any) -> TypeGuard[RecordBatch]:
@@ -102,13 +92,13 @@ def _chain(
     A batch can hold a whole campaign burst (100k users in the benchmark); the steps run on
     chunks of about `CHUNK_USERS` users, so each chunk's intermediate objects (decisions, cap
     charges, records) are freed before the next chunk instead of being scanned by the garbage
-    collector again and again (it took 15% of the job's time on that burst). The items come in
-    shard order, a request's users spread over every shard; a chunk takes them request by
-    request, so the users of a request are planned together and share their records'
-    prototypes (herald.plan_records.Prototypes) and templates (dataflows/_classes.py).
+    collector again and again (it took 15% of the job's time on that burst). A chunk takes the
+    audience batches request by request, so the users of a request are planned together and
+    share their records' prototypes (herald.plan_records.Prototypes) and templates
+    (dataflows/_classes.py).
 
-    Redis answers while this process plans: the next chunk's copies of the users' state are
-    fetched while a chunk is planned, and a chunk is finished (its cap charges' answers
+    Redis answers while this process plans: the next chunk's users' state is fetched while a
+    chunk is planned, and a chunk is finished (its cap charges' answers
     awaited) after the next one is planned. Waiting for them took 15% of a campaign's time."""
     out: list[Any] = []
     chunks = iter(_chunks(batch))
@@ -134,17 +124,18 @@ def _steps(steps: tuple[Callable[[list[Any]], list[Any]], ...], items: list[Any]
     return items
 
 
-def _chunks(batch: list[tuple[str, Planned]]) -> Iterator[list[tuple[str, Planned]]]:
-    """The items request by request (first come first), in chunks of >= CHUNK_USERS users."""
-    by_request: dict[str, list[tuple[str, Planned]]] = {}
+def _chunks(batch: list[AudienceBatch]) -> Iterator[list[AudienceBatch]]:
+    """The audience batches request by request (first come first), in chunks of >=
+    CHUNK_USERS users."""
+    by_request: dict[str, list[AudienceBatch]] = {}
     for item in batch:
-        by_request.setdefault(item[1].request.notification_id, []).append(item)
-    chunk: list[tuple[str, Planned]] = []
+        by_request.setdefault(item.request.notification_id, []).append(item)
+    chunk: list[AudienceBatch] = []
     users = 0
     for items in by_request.values():
         for item in items:
             chunk.append(item)
-            users += len(item[1].users)
+            users += len(item.users)
             if users >= CHUNK_USERS:
                 yield chunk
                 chunk, users = [], 0
@@ -164,7 +155,7 @@ class _Parts:
 
 
 def _tasks(flow: Dataflow, p: _Parts, traffic_class: str, bounded: bool) -> BranchOut[Any, Any]:
-    """Requests -> audience batches; `.trues` keyed by user shard, `.falses` dead letters."""
+    """Requests -> `.trues` audience batches, `.falses` dead letters."""
     kafka = p.settings.kafka
     source = RequestSource(
         kafka, kafka.topic(f"herald.requests.{traffic_class}"),
@@ -177,24 +168,6 @@ def _tasks(flow: Dataflow, p: _Parts, traffic_class: str, bounded: bool) -> Bran
     requests = op.input("requests_in", flow, source)
     # AudienceBatch | dead_letter dict
     return op.branch("split_requests", requests, _is_batch)
-
-
-def _table(flow: Dataflow, p: _Parts, bounded: bool) -> tuple[BranchOut[Any, Any], frozenset[str]]:
-    """Changelog records -> `.trues` (shard, TableChanges), `.falses` dead letters; and the
-    changelog partitions."""
-    kafka = p.settings.kafka
-    topics = [kafka.topic(PREFERENCES_TOPIC), kafka.topic(DEVICES_TOPIC)]
-    # Ready at once when the Redis copies hold every user (module docstring).
-    copies = RedisHeld(p.settings.redis, kafka.topic_prefix)
-    changelog = ChangelogSource(kafka, topics, bounded=bounded, ready=copies.holds)
-    changes = op.input("users_in", flow, changelog)
-    # KafkaMessage | CaughtUp
-    decoder = ChangelogDecoder(AvroDeserializer(p.registry), kafka.topic(PREFERENCES_TOPIC))
-    routed = op.flat_map_batch(
-        "decode_users", changes, ShardRouter(decoder, p.planning.user_shards)
-    )
-    # (shard, TableChanges) | dead_letter dict
-    return op.branch("split_users", routed, _is_routed), frozenset(changelog.list_parts())
 
 
 def build_flow(
@@ -217,28 +190,21 @@ def build_flow(
         make_registry(settings.registry),
     )  # fmt: skip
     flow = Dataflow(f"plan_{traffic_class}")
-    shards = planning.user_shards
     split = _tasks(flow, p, traffic_class, bounded)
-    tasks = op.flat_map("fan_out", split.trues, partial(split_by_shard, shards=shards))
-    # (shard, UserTasks)
-    updates, parts = _table(flow, p, bounded)
-    # (shard, TableChanges)
-    merged = op.merge("to_users", tasks, updates.trues)
-    # (shard, UserTasks | TableChanges)
-    planned = op.stateful_batch("users", merged, partial(UserShardLogic, parts))
-    # (shard, Planned)
+    # a campaign's audience batches over every worker (of every process)
+    batches = op.redistribute("spread", split.trues)
     encoder = Encoder(settings, p.registry, JOB)
     count = CountOutputs(JOB, dead_letters=False)
-    planner = Planner(p.catalog, settings, p.clock, encoder, count)
+    planner = Planner(p.catalog, settings, p.clock, encoder, count, planning.state_cache_users)
     # -> Output | KafkaRecord | dead_letter dict
     steps = (
         encoder,  # -> KafkaRecord | dead_letter dict
         batch_records,  # -> one RecordBatch (the chunk's records) | dead_letter dict
     )
-    records = op.flat_map_batch("plan", planned, partial(_chain, planner, steps))
+    records = op.flat_map_batch("plan", batches, partial(_chain, planner, steps))
     # RecordBatch | dead_letter dict
     encoded = op.branch("split_records", records, _is_records)
-    falses = (cast(Stream[DeadLetter], s.falses) for s in (split, updates, encoded))
+    falses = (cast(Stream[DeadLetter], s.falses) for s in (split, encoded))
     dead_letters = op.merge("dead_letters", *falses)
     # dead_letter dict
     letters = op.flat_map_batch("count_dead_letters", dead_letters, CountOutputs(JOB))

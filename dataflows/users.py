@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple, TypeGuard
@@ -46,19 +47,21 @@ from bytewax.dataflow import Dataflow
 from bytewax.outputs import DynamicSink, StatelessSinkPartition
 
 from api import keys
-from dataflows._changelog import ChangelogSource
+from dataflows._changelog import CaughtUp, ChangelogSource
 from dataflows._copies import RedisHeld
 from dataflows._redis import redis_client
 from dataflows._settings import entry_settings
-from dataflows._users import ChangelogDecoder
+from herald.catalog import InvalidLocale
 from herald.config import HeraldSettings
-from herald.planning import CaughtUp
+from herald.errors import SerdeError
+from herald.policy import ContactPoints, Preferences
+from herald.quiet_hours import InvalidTimeOfDay, InvalidTimezone
 from schemas.registry import make_registry
 from schemas.serde import AvroDeserializer
 from sinks.kafka import KafkaProducerSink, kafka_output, to_dead_letter_topic
 from sources.kafka import KafkaMessage
 
-__all__ = ["CopyWrite", "build_flow"]
+__all__ = ["ChangelogDecoder", "CopyWrite", "build_flow"]
 
 log = logging.getLogger(__name__)
 
@@ -95,11 +98,41 @@ class Skipped(NamedTuple):
 
 
 @dataclass(frozen=True)
+class ChangelogDecoder:
+    """Decode and validate a preferences or contact-points record (the checks the API makes:
+    time zone, quiet hours, locale), or give its dead letter: a copy is only written from a
+    record the plan job can plan with."""
+
+    deserializer: Callable[[bytes | None], dict[str, Any]]
+    preferences_topic: str
+
+    def record(
+        self, item: KafkaMessage
+    ) -> tuple[dict[str, Any], Preferences | ContactPoints] | dict[str, Any]:
+        """A record with a value: (decoded record, validated state), or its dead letter."""
+        try:
+            rec = self.deserializer(item.value)
+        except SerdeError as exc:
+            return item.dead_letter(exc.reason, exc.detail, JOB)
+        try:
+            value: Preferences | ContactPoints = (
+                Preferences.from_record(rec)
+                if item.topic == self.preferences_topic
+                else ContactPoints.from_record(rec)
+            )
+        except (InvalidTimezone, InvalidTimeOfDay, InvalidLocale) as exc:
+            log.warning("users.bad_record topic=%s offset=%d reason=%s",
+                        item.topic, item.offset, exc.code)  # fmt: skip
+            return item.dead_letter(exc.code, str(exc), JOB)
+        return rec, value
+
+
+@dataclass(frozen=True)
 class ToCopies:
     """Changelog items -> `CopyWrite`s and `CaughtUp`s in order, and dead letters (a
     `flat_map_batch` mapper)."""
 
-    decoder: ChangelogDecoder  # the plan job's (job="users")
+    decoder: ChangelogDecoder
 
     def __call__(self, batch: list[KafkaMessage | CaughtUp]) -> list[Any]:
         out: list[Any] = []
@@ -122,7 +155,6 @@ class ToCopies:
             user = item.key.decode(errors="replace")
             key = keys.prefs(user) if prefs else keys.contact_points(user)
             return CopyWrite(part, item.offset, key, None, 0)
-        # the plan job's decoding and validation (a copy it could not read is not written)
         parsed = self.decoder.record(item)
         if isinstance(parsed, dict):
             return parsed
@@ -231,7 +263,7 @@ def build_flow(settings: HeraldSettings | None = None, *, bounded: bool = False)
     copies = op.flat_map_batch(
         "to_copies",
         changes,
-        ToCopies(ChangelogDecoder(AvroDeserializer(registry), kafka.topic(PREFERENCES_TOPIC), JOB)),
+        ToCopies(ChangelogDecoder(AvroDeserializer(registry), kafka.topic(PREFERENCES_TOPIC))),
     )
     # CopyWrite | Skipped | CaughtUp | dead_letter dict
     split = op.branch("split", copies, _is_write)

@@ -1,19 +1,11 @@
-"""Planning inputs: admitted requests, audience tasks and the user table. Pure, no I/O, no clock.
+"""Planning inputs: admitted requests and audience batches. Pure, no I/O, no clock.
 
 The plan job (dataflows/plan.py) moves these objects between its steps:
 
     NotificationRequest record --admit_request--> PlanRequest     (validated once per request)
     PlanRequest + up to 1,000 users -----------> AudienceBatch    (one fan-out unit)
-    AudienceBatch --split_by_shard-------------> UserTasks        (the users of one shard)
-    UserTasks + UserTable ----------------------> Planned          (each user with their state)
-
-`UserTable` holds the latest `Preferences` and `ContactPoints` per user, fed by the compacted
-herald.preferences / herald.devices changelogs: a record replaces the held one unless its
-`version` is lower; a tombstone (null value) deletes it, and the deleted version is kept as a
-floor: the user joins as defaults at that version, so an older copy of the state held
-elsewhere (the API's Redis copy, dataflows/_copies.py) is not taken for a newer one. Users are
-spread over `shards` keys by `shard_of` (crc32, identical in every process), so one Bytewax key
-holds the table of many users.
+    AudienceBatch + the users' copies ----------> Planned          (each user with their state,
+                                                                    dataflows/_copies.py)
 
 Bad requests raise `InvalidRequest` or a `CatalogLookupError` (both carry a machine-readable
 `code`); the job dead-letters them before any fan-out.
@@ -21,10 +13,9 @@ Bad requests raise `InvalidRequest` or a `CatalogLookupError` (both carry a mach
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any
 
 from herald.catalog import Catalog, MissingParam, normalize_locale
 from herald.errors import HeraldError
@@ -32,18 +23,12 @@ from herald.policy import ContactPoints, PolicyRequest, Preferences
 
 __all__ = [
     "AudienceBatch",
-    "CaughtUp",
     "InvalidRequest",
     "PlanRequest",
     "Planned",
-    "TableUpdate",
-    "UserTable",
-    "UserTasks",
     "UserView",
     "admit_request",
     "chunk_users",
-    "shard_of",
-    "split_by_shard",
 ]
 
 UserParams = Mapping[str, str] | None
@@ -56,11 +41,6 @@ class InvalidRequest(HeraldError):
         super().__init__(f"{code}: {detail}" if detail else code)
         self.code = code
         self.detail = detail
-
-
-def shard_of(user_id: str, shards: int) -> str:
-    """The user-table key of a user: crc32 modulo `shards`, as a string (Bytewax keys are str)."""
-    return str(zlib.crc32(user_id.encode()) % shards)
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,27 +130,8 @@ def chunk_users(request: PlanRequest, user_ids: list[str], size: int) -> Iterato
 
 
 @dataclass(frozen=True, slots=True)
-class UserTasks:
-    """The users of one audience batch that live in one user-table shard."""
-
-    request: PlanRequest
-    batch_no: int
-    users: tuple[tuple[str, UserParams], ...]
-
-
-def split_by_shard(batch: AudienceBatch, shards: int) -> list[tuple[str, UserTasks]]:
-    """`(shard key, UserTasks)` for each shard the batch's users fall in."""
-    groups: dict[str, list[tuple[str, UserParams]]] = {}
-    for user in batch.users:
-        groups.setdefault(shard_of(user[0], shards), []).append(user)
-    return [
-        (key, UserTasks(batch.request, batch.batch_no, tuple(us))) for key, us in groups.items()
-    ]
-
-
-@dataclass(frozen=True, slots=True)
 class UserView:
-    """One recipient with the state planning uses (defaults when the table has nothing)."""
+    """One recipient with the state planning uses (defaults when the user has no copy)."""
 
     user_id: str
     params: UserParams
@@ -180,70 +141,8 @@ class UserView:
 
 @dataclass(frozen=True, slots=True)
 class Planned:
-    """UserTasks joined with the user table: ready for the policy."""
+    """An audience batch's users with their state: ready for the policy."""
 
     request: PlanRequest
     batch_no: int
     users: tuple[UserView, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class TableUpdate:
-    """One changelog record: new preferences or contact points of a user; None = tombstone."""
-
-    kind: Literal["preferences", "contacts"]
-    user_id: str
-    value: Preferences | ContactPoints | None
-
-
-@dataclass(frozen=True, slots=True)
-class CaughtUp:
-    """A changelog partition reached the end it had when the job started (`part` names it)."""
-
-    part: str
-
-
-@dataclass
-class UserTable:
-    """Latest preferences and contact points of the users of one shard (see module doc)."""
-
-    prefs: dict[str, Preferences] = field(default_factory=dict)
-    contacts: dict[str, ContactPoints] = field(default_factory=dict)
-    # (kind, user_id) -> version of the record a tombstone deleted
-    deleted: dict[tuple[str, str], int] = field(default_factory=dict)
-
-    def apply(self, update: TableUpdate) -> bool:
-        """Apply a changelog record; False when it is older than what is held (ignored)."""
-        table: dict[str, Any] = self.prefs if update.kind == "preferences" else self.contacts
-        if update.value is None:
-            gone = table.pop(update.user_id, None)
-            if gone is not None:
-                self.deleted[(update.kind, update.user_id)] = gone.version
-            return True
-        held = table.get(update.user_id)
-        if held is not None and update.value.version < held.version:
-            return False
-        table[update.user_id] = update.value
-        if self.deleted:
-            self.deleted.pop((update.kind, update.user_id), None)
-        return True
-
-    def join(self, tasks: UserTasks) -> Planned:
-        """Each task's user with their latest state (defaults: no opt-outs, no contacts)."""
-        prefs, contacts = self.prefs, self.contacts
-        views = tuple(
-            UserView(
-                user_id,
-                params,
-                prefs.get(user_id) or self._default_prefs(user_id),
-                contacts.get(user_id) or self._default_contacts(user_id),
-            )
-            for user_id, params in tasks.users
-        )
-        return Planned(tasks.request, tasks.batch_no, views)
-
-    def _default_prefs(self, user_id: str) -> Preferences:
-        return Preferences(user_id, version=self.deleted.get(("preferences", user_id), 0))
-
-    def _default_contacts(self, user_id: str) -> ContactPoints:
-        return ContactPoints(user_id, version=self.deleted.get(("contacts", user_id), 0))

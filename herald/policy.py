@@ -86,6 +86,9 @@ def _reduce(obj: Any) -> tuple[Any, ...]:
     return (type(obj), tuple(getattr(obj, f.name) for f in fields(obj) if f.init))
 
 
+_new, _set = object.__new__, object.__setattr__
+
+
 @dataclass(frozen=True, slots=True)
 class Preferences:
     """A user's latest preferences (the `UserPreferences` record)."""
@@ -112,6 +115,23 @@ class Preferences:
 
     def __reduce__(self) -> tuple[Any, ...]:
         return _reduce(self)  # unpickled through __init__: the key is interned here too
+
+    def for_user(self, user_id: str, version: int) -> Preferences:
+        """These choices as `user_id`'s at `version`, without validating them again or making
+        the policy key (~2.5x cheaper than `__init__`: the plan job makes one per planned user
+        from a copy whose choices it has seen, dataflows/_copies.py)."""
+        made = _new(Preferences)
+        _set(made, "user_id", user_id)
+        _set(made, "global_opt_out", self.global_opt_out)
+        _set(made, "category_opt_out", self.category_opt_out)
+        _set(made, "channel_opt_out", self.channel_opt_out)
+        _set(made, "category_channel_opt_out", self.category_channel_opt_out)
+        _set(made, "quiet_hours", self.quiet_hours)
+        _set(made, "timezone", self.timezone)
+        _set(made, "locale", self.locale)
+        _set(made, "version", version)
+        _set(made, "policy_key", self.policy_key)
+        return made
 
     @classmethod
     def from_record(cls, rec: Mapping[str, Any]) -> Preferences:
@@ -151,6 +171,22 @@ class Device:
         address = Address(self.token, self.platform, self.device_id, self.platform, self.app_id)
         object.__setattr__(self, "address", address)
 
+    @classmethod
+    def made(
+        cls, device_id: str, platform: str, token: str, app_id: str | None, valid: bool
+    ) -> Device:
+        """`Device(...)` of values already checked, without the dataclass machinery (~3x
+        cheaper: the plan job makes one per device of every user it reads,
+        dataflows/_copies.py)."""
+        made = _new(Device)
+        _set(made, "device_id", device_id)
+        _set(made, "platform", platform)
+        _set(made, "token", token)
+        _set(made, "app_id", app_id)
+        _set(made, "valid", valid)
+        _set(made, "address", Address(token, platform, device_id, platform, app_id))
+        return made
+
 
 @dataclass(frozen=True, slots=True)
 class ContactPoints:
@@ -176,6 +212,34 @@ class ContactPoints:
 
     def __reduce__(self) -> tuple[Any, ...]:
         return _reduce(self)
+
+    def for_user(self, user_id: str, version: int) -> ContactPoints:
+        """These contact points as `user_id`'s at `version`, as `Preferences.for_user` (the
+        plan job's "none" for a user without a copy)."""
+        return self.with_addresses(user_id, version, self.devices, self.phone, self.email)
+
+    def with_addresses(
+        self,
+        user_id: str,
+        version: int,
+        devices: tuple[Device, ...],
+        phone: str | None,
+        email: str | None,
+    ) -> ContactPoints:
+        """`user_id`'s contact points at `version`: these addresses, with this one's verified
+        flags, disabled kinds and policy key, made without `__init__` (the plan job, for a user
+        whose devices' kinds and flags it has seen: the key is the same, dataflows/_copies.py)."""
+        made = _new(ContactPoints)
+        _set(made, "user_id", user_id)
+        _set(made, "devices", devices)
+        _set(made, "phone", phone)
+        _set(made, "phone_verified", self.phone_verified)
+        _set(made, "email", email)
+        _set(made, "email_verified", self.email_verified)
+        _set(made, "version", version)
+        _set(made, "disabled", self.disabled)
+        _set(made, "policy_key", self.policy_key)
+        return made
 
     @classmethod
     def from_record(cls, rec: Mapping[str, Any]) -> ContactPoints:

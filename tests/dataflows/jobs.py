@@ -8,12 +8,14 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from bytewax.testing import run_main
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
+from dataflows import users
 from herald.config import HeraldSettings
 from infra.process import reset_sigint
 from tests.dataflows.helpers import consume, decoder, encoder, produce
@@ -21,6 +23,7 @@ from tests.dataflows.helpers import consume, decoder, encoder, produce
 REPO = Path(__file__).resolve().parents[2]
 DEAD_LETTERS = "herald.dead-letters"
 EVENTS = "herald.delivery-events"
+USERS = "dataflows.users:build_flow()"  # the users job, as a process (Job)
 JOB_ERRORS = ("DeliveryError", "InfraError", "RegistryError", "KafkaException", "SerdeError")
 
 
@@ -98,6 +101,12 @@ def send(settings: HeraldSettings, topic: str, records: list[dict[str, Any]], ke
     """Encode and produce `records` to a logical topic, keyed by the field `key`."""
     encode = encoder(settings, topic)
     produce(settings, topic, [(str(r[key]).encode(), encode(r)) for r in records])
+
+
+def load_users(settings: HeraldSettings) -> None:
+    """What the users job does on the stack, once: the changelogs (as far as they are now) into
+    the Redis copies the plan job reads, and the marker that they hold every user."""
+    run_main(users.build_flow(settings, bounded=True), epoch_interval=timedelta(milliseconds=200))
 
 
 def read(settings: HeraldSettings, topic: str) -> list[dict[str, Any]]:

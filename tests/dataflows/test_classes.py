@@ -161,9 +161,9 @@ def test_template_records_and_charges_are_the_full_paths(encoder: Encoder) -> No
     assert devices == {0, 1, 2}
 
 
-def batch(req: PlanRequest, views: list[UserView]) -> list[tuple[str, Planned]]:
+def batch(req: PlanRequest, views: list[UserView]) -> list[Planned]:
     """The views as one planned item (what Classes counts its classes' users in)."""
-    return [("0", Planned(req, 0, tuple(views)))]
+    return [Planned(req, 0, tuple(views))]
 
 
 def test_template_counts_its_events(encoder: Encoder) -> None:

@@ -22,6 +22,7 @@ from tests.dataflows.jobs import (
     DEAD_LETTERS,
     EVENTS,
     contacts,
+    load_users,
     now,
     prefs,
     read,
@@ -49,6 +50,9 @@ def by_state(events: list[dict[str, Any]], nid: str) -> dict[tuple[str, str], tu
 
 
 def run_bounded(settings: HeraldSettings, traffic_class: str = "bulk") -> None:
+    """The users sent so far into their copies (the users job), then the plan job until the
+    requests' end."""
+    load_users(settings)
     flow = build_flow(
         settings, traffic_class=traffic_class, planning=PlanningSettings(), bounded=True
     )
@@ -141,6 +145,7 @@ def test_quiet_hours_in_user_zones_with_dst(settings: HeraldSettings) -> None:
     offset = (DST_NOW - datetime.now(UTC)).total_seconds()
     planning = PlanningSettings(clock_offset_seconds=offset)
 
+    load_users(settings)
     for traffic_class in ("bulk", "transactional"):
         flow = build_flow(settings, traffic_class=traffic_class, planning=planning, bounded=True)
         run_main(flow, epoch_interval=timedelta(milliseconds=200))

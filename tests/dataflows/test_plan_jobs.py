@@ -22,8 +22,10 @@ from tests.dataflows.helpers import produce
 from tests.dataflows.jobs import (
     DEAD_LETTERS,
     EVENTS,
+    USERS,
     Job,
     assert_no_job_errors,
+    load_users,
     prefs,
     read,
     request,
@@ -37,6 +39,12 @@ pytestmark = pytest.mark.integration
 IMPORT = "dataflows.plan:build_flow(traffic_class='bulk')"
 INBOX = "herald.deliveries.inapp.bulk"
 ANNOUNCEMENT = {"title": "News", "body": "Something happened"}
+
+
+@pytest.fixture(autouse=True)
+def _users_restored(settings: HeraldSettings) -> None:
+    """The copies hold every user (none yet), as the users job says on the stack."""
+    load_users(settings)
 
 
 def announcement(nid: str, **recipients: Any) -> dict[str, Any]:
@@ -146,6 +154,7 @@ def test_opt_out_mid_campaign_stops_remaining_deliveries(
     early, late = users[10], users[2500]  # batches 0 and 2
 
     job = Job(env, tmp_path / "job.log", IMPORT)
+    users_job = Job(subprocess_env, tmp_path / "users.log", USERS)  # changelog -> copies
     try:
         send(
             settings,
@@ -158,18 +167,19 @@ def test_opt_out_mid_campaign_stops_remaining_deliveries(
         send(settings, "herald.preferences", opt_outs, "user_id")
         events = wait_for(settings, EVENTS, lambda r: len(planned_users(r, nid)) >= 3000, job=job)
     finally:
-        output = job.stop()
+        output, users_output = stop_all([job, users_job])
     assert_no_job_errors(output)
+    assert_no_job_errors(users_output)
     outcome = {e["user_id"]: (e["state"], e["reason"]) for e in events}
     assert outcome[late] == ("SUPPRESSED", "category_opt_out")
     assert outcome[early] == ("PLANNED", None)  # already planned: dispatch re-checks before sending
     assert Counter(outcome.values())[("PLANNED", None)] == 2999
 
 
-def test_two_processes_share_the_user_table(
+def test_two_processes_plan_every_users_preferences(
     settings: HeraldSettings, subprocess_env: dict[str, str], tmp_path: Path
 ) -> None:
-    """`-i 0/1 -a ...`: every user's preferences are honoured whichever process reads them."""
+    """`-i 0/1 -a ...`: every user's preferences are honoured whichever process plans them."""
     p = settings.kafka.topic_prefix
     users = [f"{p}u{i}" for i in range(40)]
     opted_out = users[::2]
@@ -179,6 +189,7 @@ def test_two_processes_share_the_user_table(
         [prefs(u, category_opt_out=["marketing"]) for u in opted_out],
         "user_id",
     )
+    load_users(settings)
     nid = f"{p}announce"
     addresses = f"127.0.0.1:{free_port()};127.0.0.1:{free_port()}"
     jobs = [

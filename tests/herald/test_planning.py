@@ -1,4 +1,4 @@
-"""herald.planning: request admission, audience batches, shards and the user table."""
+"""herald.planning: request admission and audience batches."""
 
 from __future__ import annotations
 
@@ -9,17 +9,10 @@ import pytest
 
 from herald.catalog import CatalogLookupError, load_catalog
 from herald.planning import (
-    AudienceBatch,
     InvalidRequest,
-    TableUpdate,
-    UserTable,
-    UserTasks,
     admit_request,
     chunk_users,
-    shard_of,
-    split_by_shard,
 )
-from herald.policy import ContactPoints, Preferences
 
 CATALOG = load_catalog()
 NOW = datetime(2026, 3, 8, 6, 30, tzinfo=UTC)
@@ -78,31 +71,3 @@ def test_inline_users_are_chunked_and_deduplicated() -> None:
     assert [b.batch_no for b in batches] == [0, 1, 2]
     assert [b.last for b in batches] == [False, False, True]
     assert [u for b in batches for u, _p in b.users] == [f"u{i}" for i in range(2500)]
-
-
-def test_split_by_shard_keeps_every_user_on_its_shard() -> None:
-    req = admit_request(record(), CATALOG, "t:0:0")
-    batch = AudienceBatch(req, 3, tuple((f"u{i}", None) for i in range(500)), False)
-    parts = split_by_shard(batch, 16)
-    assert sorted(u for _k, t in parts for u, _p in t.users) == sorted(f"u{i}" for i in range(500))
-    assert all(shard_of(u, 16) == k for k, t in parts for u, _p in t.users)
-    assert {t.batch_no for _k, t in parts} == {3}
-    assert shard_of("u1", 16) == shard_of("u1", 16) == str(int(shard_of("u1", 16)) % 16)
-
-
-def test_user_table_keeps_the_newest_version_and_forgets_on_tombstones() -> None:
-    table = UserTable()
-    assert table.apply(
-        TableUpdate("preferences", "u", Preferences("u", global_opt_out=True, version=5))
-    )
-    assert not table.apply(TableUpdate("preferences", "u", Preferences("u", version=4)))
-    assert table.prefs["u"].global_opt_out
-    assert table.apply(TableUpdate("contacts", "u", ContactPoints("u", email="e", version=1)))
-    req = admit_request(record(), CATALOG, "t:0:0")
-    planned = table.join(UserTasks(req, 0, (("u", None), ("v", {"first_name": "V"}))))
-    assert planned.users[0].prefs.global_opt_out and planned.users[0].contacts.email == "e"
-    assert planned.users[1].prefs == Preferences("v") and planned.users[1].params == {
-        "first_name": "V"
-    }
-    assert table.apply(TableUpdate("preferences", "u", None))
-    assert "u" not in table.prefs and "u" in table.contacts

@@ -15,16 +15,20 @@ Stages (herald.dispatching holds the pure rules, herald.retry the decisions):
 4. rounds: breaker admission per delivery (a refused one fails over or is requeued without
    counting an attempt), shaped sends (sinks/channels/sending.py), `decide` per outcome,
    effects applied; a failover (SMS A→B) goes into the next round at once, same guard;
-5. guards: SENT for accepted (transactional; one pipelined round trip), released where the
-   provider certainly did not send, UNKNOWN where it may have.
+5. guards: SENT for accepted (transactional) as each chunk's answers arrive (one pipelined
+   round trip per chunk, before the next chunk's answers are settled), so a crash repeats at
+   most the sends whose answers had arrived and were not recorded yet, not the whole batch's;
+   released where the provider certainly did not send, UNKNOWN where it may have (at the end of
+   the batch).
 
 A delivery that ends on its channel (FAILED_PERMANENT, dead address, or no usable provider)
 falls back to the next channel of its fallback steps (sinks/channels/fallback.py,
 herald.fallback); a dead phone/email is disabled like a dead push token.
 
-`hook(stage, items)` is called after stage 3 ("guarded": guards held, nothing sent), after the
-rounds ("sent": provider calls done, guards not marked) and after stage 5 ("marked"); the sink
-adds nothing there — tests use it to crash a job at exactly those points.
+`hook(stage, items)` is called after stage 3 ("guarded": guards held, nothing sent), for each
+chunk of answers before their SENT marks ("answered": the chunk's accepted items), after the
+rounds ("sent": provider calls done, accepted ones marked SENT) and after stage 5 ("marked");
+the sink adds nothing there — tests use it to crash a job at exactly those points.
 """
 
 from __future__ import annotations
@@ -108,6 +112,7 @@ class Dispatcher:
         self._policies: dict[tuple[str, str], tuple[RetryPolicy, bool]] = {}
         self._rng = random.Random()
         self._releases: list[Proceed] = []  # released together at the end of the batch
+        self._answered: list[Item] = []  # accepted in the chunk being settled (SENT next)
 
     def dispatch(self, batch: Batch) -> Outputs:
         """Dispatch a batch (see the module docstring); never raises for provider trouble."""
@@ -248,8 +253,10 @@ class Dispatcher:
             at = self.clock()
             if self._apply(it, decide(outcome, self._ctx(it, at), it.policy), outcome, at, out):
                 again.append(it)
+            elif it.guard_op == "sent" and it.guard is not None and it.guard.two_phase:
+                self._answered.append(it)
 
-        deferred = self.sender.send(ready, out.events, settle)
+        deferred = self.sender.send(ready, out.events, settle, self._mark_answered)
         now = self.clock()
         for it in deferred:
             self._defer(it, now, out)
@@ -345,6 +352,16 @@ class Dispatcher:
         log.info("dispatch.failover to=%s attempt=%d", to, it.attempt)
 
     # -- 5. guards -----------------------------------------------------------------------------
+
+    def _mark_answered(self) -> None:
+        """SENT for the sends accepted in the chunk just settled (stage 5, as answers come)."""
+        answered, self._answered = self._answered, []
+        if not answered:
+            return
+        self._stage("answered", answered)
+        self.guard.mark_sent_many([(it.guard, it.sent_marker) for it in answered if it.guard])
+        for it in answered:
+            it.guard_op = "keep"  # recorded: nothing left to do with the guard
 
     def _mark(self, items: list[Item]) -> None:
         sent = [(it.guard, it.sent_marker) for it in items if it.guard_op == "sent" and it.guard]

@@ -36,6 +36,7 @@ __all__ = ["ShapedSender"]
 log = logging.getLogger(__name__)
 
 Settle = Callable[[Item, Outcome], None]
+Settled = Callable[[], None]
 Pending = tuple[list[Item], concurrent.futures.Future[list[Outcome]]]
 
 
@@ -59,11 +60,18 @@ class ShapedSender:
         self.clock = clock
         self.sleep = sleep
 
-    def send(self, items: list[Item], events: list[dict[str, Any]], settle: Settle) -> list[Item]:
+    def send(
+        self,
+        items: list[Item],
+        events: list[dict[str, Any]],
+        settle: Settle,
+        settled: Settled | None = None,
+    ) -> list[Item]:
         """Send `items` (SENDING events appended to `events`); `settle(item, outcome)` is called
         for each as its outcome arrives — while the worker waits for tokens too, so deciding
-        and building events overlaps the shaping waits. Returns the items not granted tokens
-        within `max_wait_s` (deferred)."""
+        and building events overlaps the shaping waits — and `settled()` after each chunk's
+        outcomes (the caller records them before the next chunk's). Returns the items not
+        granted tokens within `max_wait_s` (deferred)."""
         if not items:
             return []
         self.providers.ensure([it.provider for it in items])
@@ -77,21 +85,25 @@ class ShapedSender:
             if not groups or time.monotonic() + wait > deadline:
                 break
             until = time.monotonic() + wait / 2  # wake before the bucket fills: no token lost
-            futures = self._harvest(futures, settle, block=False)
+            futures = self._harvest(futures, settle, settled, block=False)
             left = until - time.monotonic()
             if left > 0:
                 self.sleep(left)
-        self._harvest(futures, settle, block=True)
+        self._harvest(futures, settle, settled, block=True)
         return [it for group in groups.values() for it in group]
 
     @staticmethod
-    def _harvest(futures: list[Pending], settle: Settle, *, block: bool) -> list[Pending]:
+    def _harvest(
+        futures: list[Pending], settle: Settle, settled: Settled | None, *, block: bool
+    ) -> list[Pending]:
         """Settle the finished chunks (all of them when `block`); return the pending ones."""
         pending: list[Pending] = []
         for chunk, future in futures:
             if block or future.done():
                 for it, outcome in zip(chunk, future.result(), strict=True):
                     settle(it, outcome)
+                if settled is not None:
+                    settled()
             else:
                 pending.append((chunk, future))
         return pending

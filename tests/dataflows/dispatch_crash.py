@@ -1,6 +1,6 @@
 """A dispatch job that kills itself with SIGKILL at one batch stage (tests only).
 
-    python -m bytewax.run "tests.dataflows.dispatch_crash:build_flow(stage='sent')"
+    python -m bytewax.run "tests.dataflows.dispatch_crash:build_flow(stage='answered')"
 
 The crash happens once: the first batch that reaches `stage` writes the marker file named by
 HERALD_TEST_CRASH_MARKER and kills the process; a restarted job sees the marker and runs normally.
@@ -21,7 +21,8 @@ from sinks.channels.work import Item
 def build_flow(
     channel: str = "push", traffic_class: str = "transactional", stage: str = "sent"
 ) -> Dataflow:
-    """The real dispatch job with a crash hook at `stage` (guarded | sent | marked)."""
+    """The real dispatch job with a crash hook at `stage` (guarded | answered | sent | marked:
+    sinks/channels/engine.py)."""
     marker = Path(os.environ["HERALD_TEST_CRASH_MARKER"])
 
     def hook(name: str, items: list[Item]) -> None:

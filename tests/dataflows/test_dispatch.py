@@ -123,7 +123,7 @@ def test_sigkill_after_the_call_sends_at_most_one_duplicate(
     # and the PENDINGs over at once (herald.guard leases), so they are sent again within seconds
     crash_env = {**env, "HERALD_TEST_CRASH_MARKER": str(marker),
                  "HERALD_DISPATCH_PENDING_TTL_S": "60"}  # fmt: skip
-    crashing = "tests.dataflows.dispatch_crash:build_flow(stage='sent')"
+    crashing = "tests.dataflows.dispatch_crash:build_flow(stage='answered')"
     args = ("-r", str(recovery), "-s", "1", "-b", "0")
     batch = [delivery() for _ in range(4)]
     retry = Job(env, tmp_path / "retry.log", RETRY)
@@ -135,7 +135,7 @@ def test_sigkill_after_the_call_sends_at_most_one_duplicate(
             time.sleep(0.2)
         assert marker.exists() and not first.running()
         crashed_ids = set(marker.read_text().split(","))
-        assert crashed_ids  # the provider accepted these, no SENT mark was written
+        assert crashed_ids  # the provider accepted these, their SENT marks were not written
         second = Job(crash_env, tmp_path / "second.log", crashing, *args)
         try:
             events = wait_for(

@@ -111,21 +111,25 @@ def test_transactional_crash_before_the_call_is_resent_after_the_pending_ttl(
     assert min(sent_times(outs)) >= crashed_at + timedelta(seconds=TTL - 0.5)
 
 
-def test_transactional_crash_after_the_call_sends_at_most_one_duplicate(
+def test_transactional_crash_between_answer_and_sent_mark_sends_at_most_one_duplicate(
     apns: RunningSimulator, url: str
 ) -> None:
+    """The only window left: the provider's answers arrived, their SENT marks not written."""
     batch = [delivery() for _ in range(3)]
-    _, outs = crash_then_restart(url, apns, batch, "sent")
+    _, outs = crash_then_restart(url, apns, batch, "answered")
     for d in batch:
         assert accepted_for(apns, d["address"]) == 2  # the documented duplicate, no more
         assert all_states(outs, d["delivery_id"])[-1] == ("PROVIDER_ACCEPTED", None)
 
 
-def test_transactional_crash_after_sent_mark_resends_nothing(
-    apns: RunningSimulator, url: str
+@pytest.mark.parametrize("stage", ["sent", "marked"])
+def test_transactional_crash_after_the_answers_were_recorded_resends_nothing(
+    apns: RunningSimulator, url: str, stage: str
 ) -> None:
+    """SENT is written as each chunk's answers arrive, not at the end of the batch: a crash
+    after the calls ("sent") or after the batch's other guards ("marked") repeats nothing."""
     batch = [delivery() for _ in range(3)]
-    _, outs = crash_then_restart(url, apns, batch, "marked")
+    _, outs = crash_then_restart(url, apns, batch, stage)
     assert len(outs) == 1 and not outs[0].retries
     for d in batch:
         assert accepted_for(apns, d["address"]) == 1

@@ -36,7 +36,9 @@ def test_accepted_with_client_ref_and_signed_dlrs(
     ]
     secret = sms_b.credentials()["signature_secret"]
     dlrs = [r.form() for r in recorder.wait_for(2)]
-    assert [d["status"] for d in dlrs] == ["accepted", "delivered"]
+    # two callbacks 40 ms apart: on a busy machine they may arrive in either order (the
+    # receipts fold orders them by status, herald/delivery_fold.py)
+    assert sorted(d["status"] for d in dlrs) == ["accepted", "delivered"]
     assert all(verify_vonage(d, secret) and d["client-ref"] == record["delivery_id"] for d in dlrs)
 
 

@@ -118,9 +118,11 @@ def plan(quick: bool = False) -> dict[str, Any]:
                _get(data, "no-op planner deliveries/s"), "deliveries/s"),
     ]  # fmt: skip
     notes = [f"Bulk marketing campaign to {users:,} users (1,000 per request), one Bytewax "
-             "worker in-process, recovery on; startup and user-table load subtracted. The no-op "
-             "planner emits copies of real records per user without deciding anything: what "
-             "the rest of the job allows, whatever planning costs."]  # fmt: skip
+             "worker in-process, recovery on; the users copied to Redis by the users job first, "
+             "startup subtracted; every user's copies read and parsed (cold: the process has "
+             "not seen them). The no-op planner reads the users' state and emits copies of real "
+             "records per user without deciding anything: what the rest of the job allows, "
+             "whatever planning costs."]  # fmt: skip
     if spread:
         diverse, procs = data["diverse"], data["processes"]
         figs += [

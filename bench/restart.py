@@ -196,11 +196,14 @@ def _otps_with_dispatch_kills(stack: FullStack, users: list[str], tag: str) -> d
         for at, address, outcome in stack.sim_stats(sim, log=True).get("log", []):
             if outcome == "accepted" and address in sent and at >= sent[address] - 0.05:
                 copies[address] = copies.get(address, 0) + 1
+    # a duplicate belongs to the kill nearest its first copy's arrival (its answer was lost
+    # with the killed process: just before the kill, or in the socket at it)
+    nearest = {a: min(range(len(kills)), key=lambda i: abs(arrived[a] - kills[i]))
+               for a, n in copies.items() if n > 1 and a in arrived and kills}  # fmt: skip
     per_kill = []
-    for t in kills:
+    for i, t in enumerate(kills):
         in_flight = [a for a, s in sent.items() if s < t and arrived.get(a, float("inf")) > t]
-        # a duplicate's first copy reached the provider just before the kill
-        dups = [a for a, s in sent.items() if copies.get(a, 0) > 1 and t - 5 < arrived[a] <= t]
+        dups = [a for a, k in nearest.items() if k == i]
         per_kill.append({"in_flight": len(in_flight), "duplicates": len(dups)})
     latencies = [arrived[a] - s for a, s in sent.items() if a in arrived]
     return {

@@ -209,8 +209,9 @@ class FullStack:
             raise RuntimeError(f"POST /v1/notifications: {resp.status_code} {resp.text[:500]}")
         return str(resp.json()["notification_id"]), sent
 
-    def produce_contact_points(self, users: Iterable[str]) -> int:
-        """An FCM device and a verified email for each user, into herald.devices."""
+    def produce_contact_points(self, users: Iterable[str], wait: bool = True) -> int:
+        """An FCM device and a verified email for each user, into herald.devices; with `wait`,
+        until the users job has copied them to Redis (what the plan jobs read)."""
         from bench._harness import produce_all
         from schemas.registry import make_registry
         from sinks.kafka import topic_serializer
@@ -228,7 +229,12 @@ class FullStack:
                           "updated_at": now, "version": 1}  # fmt: skip
                 yield user.encode(), encode(record)
 
-        return produce_all(self.settings, topic, records())
+        produced = produce_all(self.settings, topic, records())
+        if wait:
+            from dataflows.users import wait_copied
+
+            wait_copied(self.settings, timeout=1800)
+        return produced
 
     def sim_stats(self, name: str, log: bool = False) -> dict[str, Any]:
         """A provider simulator's counters (no ids); with `log`, every request's

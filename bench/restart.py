@@ -39,6 +39,7 @@ from bench._fullstack import FullStack, full_stack
 from bench._report import figure, percentile
 from bench._report import result as make_result
 from bench.fullstack import OTP_TYPE, _phone
+from dataflows.users import wait_copied
 
 OTPS, RATE, KILL_AFTER = 200, 20.0, 60
 PLAN_JOBS = ("plan_transactional", "plan_normal", "plan_bulk")
@@ -69,36 +70,6 @@ def _pids(stack: FullStack) -> dict[str, int]:
 
     state = read_state(stack.run_dir) or {}
     return {n: int(c["pid"]) for n, c in state.get("components", {}).items() if c.get("pid")}
-
-
-def _copies_at_end(stack: FullStack, timeout: float) -> float:
-    """Wait until the users job's positions reach the end of herald.devices; seconds waited."""
-    import redis
-    from confluent_kafka import Consumer, TopicPartition
-
-    from api import keys
-
-    kafka = stack.settings.kafka
-    topic = kafka.topic("herald.devices")
-    consumer = Consumer({**kafka.client_config(), "group.id": "bench"})
-    hot = redis.Redis.from_url(stack.state["env"]["HERALD_REDIS_URL"])
-    started = time.monotonic()
-    try:
-        parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-        ends = {
-            f"{p}-{topic}": consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
-            for p in parts
-        }
-        while time.monotonic() - started < timeout:
-            held = hot.hgetall(keys.users_positions(kafka.topic_prefix))
-            at = {(k.decode() if isinstance(k, bytes) else k): int(v) for k, v in held.items()}
-            if all(at.get(part, 0) >= end for part, end in ends.items()):
-                break
-            time.sleep(1)
-    finally:
-        consumer.close()
-        hot.close()
-    return round(time.monotonic() - started, 1)
 
 
 def _redis_mb(stack: FullStack) -> float:
@@ -244,9 +215,9 @@ def _run_one(tmp: Path, users: int, quick: bool, with_dispatch_kills: bool) -> d
     with full_stack(tmp / "run", env={"HERALD_LOG_LEVEL": "INFO"}) as stack:
         _say(f"loading {users:,} users onto herald.devices")
         t0 = time.monotonic()
-        stack.produce_contact_points(f"bulk-{i}" for i in range(users))
+        stack.produce_contact_points((f"bulk-{i}" for i in range(users)), wait=False)
         produce_s = round(time.monotonic() - t0, 1)
-        copies_s = _copies_at_end(stack, timeout=1800)
+        copies_s = round(wait_copied(stack.settings, timeout=1800), 1)
         _say(f"copies hold them {copies_s} s after the produce ({produce_s} s)")
         time.sleep(5)
         pids = _pids(stack)

@@ -61,7 +61,7 @@ from schemas.serde import AvroDeserializer
 from sinks.kafka import KafkaProducerSink, kafka_output, to_dead_letter_topic
 from sources.kafka import KafkaMessage
 
-__all__ = ["ChangelogDecoder", "CopyWrite", "build_flow"]
+__all__ = ["ChangelogDecoder", "CopyWrite", "build_flow", "wait_copied"]
 
 log = logging.getLogger(__name__)
 
@@ -271,3 +271,31 @@ def build_flow(settings: HeraldSettings | None = None, *, bounded: bool = False)
     letters = to_dead_letter_topic("dead_letters_out", split.falses, kafka=kafka, registry=registry)
     kafka_output("kafka_out", letters, KafkaProducerSink(kafka))
     return flow
+
+
+def wait_copied(settings: HeraldSettings, timeout: float, poll_s: float = 0.2) -> float:
+    """Wait until the users job holds both changelogs up to their current end (its positions,
+    `RedisHeld`), so every user published so far has its Redis copy and the plan jobs plan them
+    with their state; seconds waited. For bulk imports straight onto the changelog (the API's
+    writes have their copy before it answers). Raises TimeoutError."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    kafka = settings.kafka
+    held = RedisHeld(settings.redis, kafka.topic_prefix)
+    consumer = Consumer({**kafka.client_config(), "group.id": "herald-wait-copied"})
+    started = time.monotonic()
+    try:
+        ends: dict[str, int] = {}
+        for topic in (kafka.topic(PREFERENCES_TOPIC), kafka.topic(DEVICES_TOPIC)):
+            for p in consumer.list_topics(topic, timeout=10).topics[topic].partitions:
+                tp = TopicPartition(topic, p)
+                ends[f"{p}-{topic}"] = consumer.get_watermark_offsets(tp, timeout=10)[1]
+        while True:
+            if held.holds() and all((held.position(part) or 0) >= end
+                                    for part, end in ends.items() if end > 0):  # fmt: skip
+                return time.monotonic() - started
+            if time.monotonic() - started > timeout:
+                raise TimeoutError(f"the users job did not copy the changelogs in {timeout} s")
+            time.sleep(poll_s)
+    finally:
+        consumer.close()

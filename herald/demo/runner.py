@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
@@ -102,6 +101,7 @@ def _scenes(
     stack: StackClient, ui: Ui, campaign_size: int, likes: int, channel: str
 ) -> list[SceneResult]:
     from dataflows._settings import PlanningSettings
+    from dataflows.users import wait_copied
     from sinks.channels.settings import DispatchSettings
 
     run_id = f"demo{uuid.uuid4().hex[:6]}"
@@ -114,8 +114,6 @@ def _scenes(
         ctx.user("poster"), f"{run_id}-post", likes, datetime.now(UTC), _like_window(), run_id
     )
     quiet = _setup_users(ctx)
-    with ui.console.status("[cyan]letting the plan jobs read the new users…[/]"):
-        time.sleep(5.0)  # plan learns contact points from their changelog (README known limits)
     promo = scenes.quiet_hours_start(ctx, quiet, QUIET_TZ)
     segment = f"{run_id}-segment"
     ctx.facts["unsubscribers"] = [
@@ -128,8 +126,9 @@ def _scenes(
         f"{campaign_size:,} campaign users' contact points published on herald.devices, "
         f"segment {segment} written to ClickHouse"
     )
-    with ui.console.status("[cyan]letting the plan jobs read the campaign audience…[/]"):
-        time.sleep(3.0 + campaign_size / 10_000)
+    with ui.console.status("[cyan]waiting for the users job to copy the campaign audience…[/]"):
+        # a bulk import reaches the plan jobs through the users job's Redis copies
+        wait_copied(stack.settings(), timeout=600 + campaign_size / 1_000)
 
     runs = [
         lambda: scenes.like_storm(ctx, storm),

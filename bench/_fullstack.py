@@ -129,7 +129,9 @@ class FullStack:
 
     def load_segment(self, run_id: str, segment_id: str, users: int, channel: str) -> None:
         """`users` campaign users on `channel` and their segment, as `herald demo` loads them
-        (contact points on the herald.devices changelog, the snapshot in ClickHouse)."""
+        (contact points on the herald.devices changelog, the snapshot in ClickHouse), then
+        until the users job has copied them."""
+        from dataflows.users import wait_copied
         from herald.config import ClickHouseSettings
         from herald.demo.loader import load_audience
         from infra.clickhouse import herald_client
@@ -139,6 +141,7 @@ class FullStack:
             load_audience(self.settings, ch, run_id, segment_id, users, channel)
         finally:
             ch.close()
+        wait_copied(self.settings, timeout=1800)  # the plan jobs read the users' copies
 
     @staticmethod
     def bulk_budget(provider: str) -> float:

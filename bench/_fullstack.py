@@ -28,7 +28,7 @@ from typing import Any
 
 import httpx
 
-from herald.config import HeraldSettings, KafkaSettings, RegistrySettings
+from herald.config import HeraldSettings, KafkaSettings, RedisSettings, RegistrySettings
 
 __all__ = ["ComponentCpu", "CpuSampler", "FullStack", "full_stack"]
 
@@ -101,6 +101,7 @@ class FullStack:
         self.settings = HeraldSettings(
             kafka=KafkaSettings(bootstrap_servers=env["HERALD_KAFKA_BOOTSTRAP_SERVERS"]),
             registry=RegistrySettings(path=Path(env["HERALD_REGISTRY_PATH"])),
+            redis=RedisSettings(url=env["HERALD_REDIS_URL"]),  # the users job's positions
         )
         self.api = httpx.Client(
             base_url=state["urls"]["api"], headers={"X-API-Key": DEV_KEY}, timeout=30

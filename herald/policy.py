@@ -11,10 +11,12 @@ considered, checked in the seeds' order (the first failing check gives the reaso
    `phone_unverified`, `email_unverified` (unverified is fine for `allow_unverified_contact`).
    An unavailable primary channel falls back along the type's fallback graph at plan time
    (within the caller's `channels`): the result is `Suppress(primary)` + `Send(alt)`;
-4. `send_at` in the future → `Hold(reason="scheduled")`; quiet hours in the user's zone (only
-   on the catalog's `quiet_hours_channels`; skipped by `bypass_quiet_hours`) →
-   `Hold(until=window end, reason="quiet_hours")`: held, never dropped. A hold ending at or
-   after the expiry is `Suppress("expired")` instead;
+4. quiet hours in the user's zone at the instant the send is due (`send_at` when ahead, else
+   now; only on the catalog's `quiet_hours_channels`; skipped by `bypass_quiet_hours`) →
+   `Hold(until=window end, reason="quiet_hours")`; else `send_at` in the future →
+   `Hold(reason="scheduled")`: held, never dropped. A hold ending at or after the expiry is
+   `Suppress("expired")` instead. The expiry of a scheduled send counts from its `send_at`
+   (`PolicyRequest.expires`);
 5. frequency cap (non-transactional types with a bucket): `cap_count >= limit` → `frequency_cap`;
 6. expiry: `now >= expire_at` → `Suppress("expired")` (state EXPIRED).
 
@@ -288,10 +290,15 @@ class PolicyRequest:
         )
 
     def expires(self, nt: NotificationType) -> datetime | None:
-        """`expire_at`, else `accepted_at` + the type's expiry, else None."""
+        """`expire_at`, else the type's expiry counted from when the send is due: `send_at`
+        when it is after `accepted_at` (a campaign scheduled days ahead is not expired by the
+        time it is due), else `accepted_at`; None without either."""
         if self.expire_at is not None:
             return self.expire_at
-        return self.accepted_at + nt.expiry if self.accepted_at is not None else None
+        start = self.accepted_at
+        if self.send_at is not None and (start is None or self.send_at > start):
+            start = self.send_at
+        return start + nt.expiry if start is not None else None
 
 
 class Address(NamedTuple):
@@ -516,9 +523,11 @@ def _timing(nt: NotificationType, holds: _Holds, send: Send, now: datetime, cap:
 
 
 class _Holds:
-    """Why and until when a user's sends wait (computed at most once per decide call)."""
+    """Why and until when a user's sends wait (computed at most once per decide call): quiet
+    hours are those of the instant the send is due (`send_at` when it is ahead, else now), so a
+    send scheduled into the user's quiet window waits for its end."""
 
-    __slots__ = ("_catalog", "_nt", "_prefs", "_now", "_scheduled", "_quiet", "_quiet_done")
+    __slots__ = ("_catalog", "_prefs", "_scheduled", "_due", "_quiet", "_quiet_done")
 
     def __init__(
         self,
@@ -528,21 +537,28 @@ class _Holds:
         prefs: Preferences,
         now: datetime,
     ) -> None:
-        self._catalog, self._nt, self._prefs, self._now = catalog, nt, prefs, now
+        self._catalog, self._prefs = catalog, prefs
         send_at = request.send_at
         self._scheduled = send_at if send_at is not None and send_at > now else None
+        self._due = self._scheduled or now
         self._quiet: datetime | None = None
         self._quiet_done = nt.bypass_quiet_hours or prefs.quiet_hours is None
 
     def for_channel(self, channel: str) -> tuple[datetime, str] | None:
+        quiet = self._quiet_end(channel)
+        if quiet is not None:
+            return quiet, "quiet_hours"
         if self._scheduled is not None:
             return self._scheduled, "scheduled"
+        return None
+
+    def _quiet_end(self, channel: str) -> datetime | None:
         if self._quiet_done and self._quiet is None:
             return None
         if channel not in self._catalog.quiet_hours_channels:
             return None
         if not self._quiet_done:
             tz = self._prefs.timezone or self._catalog.default_timezone
-            self._quiet = quiet_until(self._now, self._prefs.quiet_hours, tz)
+            self._quiet = quiet_until(self._due, self._prefs.quiet_hours, tz)
             self._quiet_done = True
-        return (self._quiet, "quiet_hours") if self._quiet is not None else None
+        return self._quiet

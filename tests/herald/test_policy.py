@@ -225,6 +225,58 @@ def test_send_at_in_the_future_is_a_scheduled_hold(catalog: Catalog) -> None:
     assert isinstance(send, Send)
 
 
+def test_a_send_scheduled_into_quiet_hours_waits_for_their_end(catalog: Catalog) -> None:
+    # send_at 23:00 New York, the user's window 22:00-08:00 (spans midnight): held until 08:00
+    r = req("marketing_campaign", send_at=NIGHT_NY)
+    out = by_channel(decide(catalog, r, prefs(), EVERYTHING, NOON_NY))
+    for channel in ("push", "email"):
+        hold = out[channel]
+        assert isinstance(hold, Hold) and (hold.until, hold.reason) == (MORNING_NY, "quiet_hours")
+        assert hold.planned.not_before == MORNING_NY
+    # released at send_at (a schedule that fires on time) it is held again, never sent
+    again = decide(catalog, r, prefs(), EVERYTHING, NIGHT_NY)
+    assert {(d.until, d.reason) for d in again} == {(MORNING_NY, "quiet_hours")}  # type: ignore[union-attr]
+    # outside the window, send_at stays the hold; bypass types are never held by the window
+    evening = NIGHT_NY - timedelta(hours=2)  # 21:00
+    (hold,) = decide(catalog, req("promo_weekly", send_at=evening), prefs(), EVERYTHING, NOON_NY)
+    assert (hold.until, hold.reason) == (evening, "scheduled")  # type: ignore[union-attr]
+    (otp,) = decide(catalog, req("otp_login", send_at=NIGHT_NY), prefs(), EVERYTHING, NIGHT_NY)
+    assert isinstance(otp, Send)
+
+
+def test_scheduled_quiet_hours_across_a_dst_change(catalog: Catalog) -> None:
+    window = prefs(quiet_hours=QuietWindow.parse("01:00", "03:00"))
+
+    def hold_of(send_at: datetime) -> Decision:
+        day_before = send_at - timedelta(days=1)
+        r = req("promo_weekly", send_at=send_at, accepted_at=day_before)
+        (decision,) = decide(catalog, r, window, EVERYTHING, day_before)
+        return decision
+
+    # New York springs forward on 2026-03-08 at 02:00: the 01:00-03:00 window lasts one hour
+    hold = hold_of(datetime(2026, 3, 8, 6, 30, tzinfo=UTC))  # 01:30 EST, inside
+    assert isinstance(hold, Hold) and hold.reason == "quiet_hours"
+    assert hold.until == datetime(2026, 3, 8, 7, tzinfo=UTC)  # 03:00 EDT
+    # and falls back on 2026-11-01 at 02:00: 01:30 comes twice, the window ends at 03:00 EST
+    hold = hold_of(datetime(2026, 11, 1, 6, 30, tzinfo=UTC))  # the second 01:30 (EST)
+    assert isinstance(hold, Hold) and hold.reason == "quiet_hours"
+    assert hold.until == datetime(2026, 11, 1, 8, tzinfo=UTC)
+
+
+def test_expiry_of_a_scheduled_send_counts_from_its_send_at(catalog: Catalog) -> None:
+    # promo_weekly expires 7 days after it is due; send_at 10 days after accept is not expired
+    send_at = NOON_NY + timedelta(days=10)
+    r = req("promo_weekly", send_at=send_at)
+    (hold,) = decide(catalog, r, prefs(), EVERYTHING, NOON_NY)
+    assert isinstance(hold, Hold) and hold.reason == "scheduled"
+    assert hold.planned.expire_at == send_at + catalog.get("promo_weekly").expiry
+    (send,) = decide(catalog, r, prefs(), EVERYTHING, send_at)
+    assert isinstance(send, Send)
+    assert r.expires(catalog.get("promo_weekly")) == send_at + timedelta(days=7)
+    past = req("promo_weekly", send_at=NOON_NY - timedelta(minutes=1))  # a late send_at
+    assert past.expires(catalog.get("promo_weekly")) == NOON_NY + timedelta(days=7)
+
+
 def test_frequency_cap(catalog: Catalog) -> None:
     r = req("marketing_campaign")
     assert all(isinstance(d, Send) for d in decide(catalog, r, prefs(), EVERYTHING, NOON_NY, 2))

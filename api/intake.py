@@ -9,7 +9,7 @@ Every check raises a 422 `ProblemError` with a machine code and the field path:
     channel_not_allowed         body.channels names a channel the type cannot use
     missing_param               body.params lacks a parameter the template requires
     send_at_in_past             send_at more than `send_at_max_past_seconds` ago
-    send_at_too_far             send_at more than `send_at_max_future_days` ahead
+    send_at_too_far             send_at beyond the schedule horizon (HERALD_SCHEDULE_HORIZON_DAYS)
     expire_at_in_past           expire_at is not in the future
     otp_requires_user_ids       OTP types go to explicit users, never to a segment
 """

@@ -91,7 +91,6 @@ class ApiSettings(BaseSettings):
     idempotency_ttl_seconds: int = Field(default=24 * 3600, ge=60)
     status_ttl_seconds: int = Field(default=30 * 24 * 3600, ge=60)
     send_at_max_past_seconds: int = Field(default=300, ge=0)
-    send_at_max_future_days: int = Field(default=90, ge=1)
     inbox_max_items: int = Field(default=500, ge=1)
     # OTP abuse limits: (count, window seconds) per phone, end-user IP and end-user device.
     otp_per_phone: tuple[int, int] = (5, 600)

@@ -54,8 +54,6 @@ class PlanningSettings(BaseSettings):
     schedule_shards: int = 8
     # schedule: releases of normal/bulk deliveries are spread over this window after not_before.
     schedule_jitter_seconds: float = 120.0
-    # schedule: deliveries held further out than this are dead-lettered (schedule_too_far).
-    schedule_max_hold_days: int = 30
 
     def clock(self) -> Clock:
         """The job clock (system clock + offset)."""

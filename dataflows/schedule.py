@@ -4,7 +4,9 @@
         -> time buckets keyed "<bucket index>:<shard>" (schedule_bucket_seconds x schedule_shards)
         -> at release time: the record, unchanged, on herald.deliveries.{channel}.{class};
            past its expire_at instead: an EXPIRED delivery_event on herald.delivery-events
-    undecodable records, unknown channels, holds beyond schedule_max_hold_days -> dead letters
+    undecodable records, unknown channels, holds beyond the schedule horizon -> dead letters
+        (herald.config.ScheduleSettings: the API refuses a send_at beyond it, so only records
+        produced around the API get there)
 
 Run: `python -m bytewax.run "dataflows.schedule:build_flow()"` (add `-r DIR -s 1` for recovery).
 
@@ -17,7 +19,7 @@ once), so every held delivery has one UTC `not_before` and is released once.
 
 Timers: each bucket key sets `notify_at` to its earliest release; Bytewax calls `on_notify` when
 it passes, the due entries are emitted and an empty bucket is discarded (its state is gone:
-state never outlives the last release of its bucket, at most schedule_max_hold_days).
+state never outlives the last release of its bucket, at most the hold limit).
 
 Restart safety: buckets are in the recovery snapshots. A bucket released in an epoch that did not
 commit is released again after a restart: the second copy has the same delivery_id and is
@@ -62,10 +64,10 @@ SCHEDULED_TOPIC = "herald.scheduled"
 class EntryParser:
     """`Decoded` Delivery -> `(bucket key, ScheduledEntry)`, or a dead letter."""
 
-    def __init__(self, planning: PlanningSettings, clock: Clock) -> None:
+    def __init__(self, planning: PlanningSettings, clock: Clock, hold_limit: timedelta) -> None:
         self.clock = clock
         self.jitter = timedelta(seconds=planning.schedule_jitter_seconds)
-        self.horizon = timedelta(days=planning.schedule_max_hold_days)
+        self.horizon = hold_limit
         self.bucket_seconds = planning.schedule_bucket_seconds
         self.shards = planning.schedule_shards
 
@@ -203,7 +205,8 @@ def build_flow(
         reader_schema="delivery", job=JOB,
     )  # fmt: skip
     # oks: Decoded(KafkaMessage, delivery dict); errs: dead_letter dict
-    parsed = op.map("to_entries", held.oks, EntryParser(planning, clock))
+    entries = EntryParser(planning, clock, settings.schedule.hold_limit())
+    parsed = op.map("to_entries", held.oks, entries)
     # (bucket key, ScheduledEntry) | dead_letter dict
     split = op.branch("split_entries", parsed, is_keyed)
     due = op.stateful_batch("buckets", split.trues, partial(BucketLogic, clock))

@@ -14,11 +14,14 @@ so the defaults below only matter for a process started by hand.
 | RedisSettings      | HERALD_REDIS_        | HERALD_REDIS_URL=rediss://redis.example.com:6380/0   |
 | ClickHouseSettings | HERALD_CLICKHOUSE_   | HERALD_CLICKHOUSE_DSN=https://user:pw@ch:8443/herald |
 | RunSettings        | HERALD_              | HERALD_RUN_DIR=/var/lib/herald                       |
+| ScheduleSettings   | HERALD_SCHEDULE_     | HERALD_SCHEDULE_HORIZON_DAYS=30                      |
 """
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
+from typing import ClassVar
 
 from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -112,6 +115,23 @@ class RunSettings(BaseSettings):
     )
 
 
+class ScheduleSettings(BaseSettings):
+    """How far ahead a send may be scheduled: the API refuses a later `send_at` (422
+    `send_at_too_far`) and the schedule job holds deliveries up to that far plus
+    `HOLD_MARGIN` (a local send time or the end of quiet hours can fall up to a day after
+    `send_at` each), so nothing the API accepted is dropped by the schedule job."""
+
+    model_config = SettingsConfigDict(env_prefix="HERALD_SCHEDULE_")
+
+    HOLD_MARGIN: ClassVar[timedelta] = timedelta(days=2)
+
+    horizon_days: int = Field(default=30, ge=1, le=365)
+
+    def hold_limit(self) -> timedelta:
+        """The longest hold the schedule job accepts."""
+        return timedelta(days=self.horizon_days) + self.HOLD_MARGIN
+
+
 class HeraldSettings(BaseSettings):
     """Everything an entry point may need, loaded once."""
 
@@ -120,3 +140,4 @@ class HeraldSettings(BaseSettings):
     redis: RedisSettings = Field(default_factory=RedisSettings)
     clickhouse: ClickHouseSettings = Field(default_factory=ClickHouseSettings)
     run: RunSettings = Field(default_factory=RunSettings)
+    schedule: ScheduleSettings = Field(default_factory=ScheduleSettings)

@@ -121,7 +121,7 @@ async def accept(
     """The accept pipeline for an authenticated tenant and a parsed body."""
     now = now_utc()
     nt = check_against_catalog(body, st.catalog)
-    check_times(body, now, st.api.send_at_max_past_seconds, st.api.send_at_max_future_days)
+    check_times(body, now, st.api.send_at_max_past_seconds, st.settings.schedule.horizon_days)
     otp = is_otp(nt)
     if otp:
         channels = body.channels or nt.allowed_channels

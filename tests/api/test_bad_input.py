@@ -105,6 +105,19 @@ def test_send_at_in_the_far_past_and_expired(api: RunningApi) -> None:
         problem(naive, 422, "validation_error")
 
 
+def test_send_at_beyond_the_schedule_horizon_is_refused(api: RunningApi) -> None:
+    # one horizon (HERALD_SCHEDULE_HORIZON_DAYS, 30 days): the schedule job holds whatever the
+    # API accepts, so a send_at it would drop is refused here, with a clear code
+    now = datetime.now(UTC)
+    with api.client() as http:
+        far = (now + timedelta(days=31)).isoformat()
+        data = problem(http.post("/v1/notifications", json=body(send_at=far)), 422,
+                       "send_at_too_far")  # fmt: skip
+        assert data["errors"][0]["loc"] == ["body", "send_at"] and "30 days" in data["detail"]
+        near = (now + timedelta(days=29)).isoformat()
+        assert http.post("/v1/notifications", json=body(send_at=near)).status_code == 202
+
+
 def test_invalid_timezone(api: RunningApi) -> None:
     with api.client() as http:
         resp = http.put("/v1/users/u-1/preferences", json={"timezone": "Mars/Olympus_Mons"})

@@ -75,10 +75,8 @@ async def recipient_phones(st: AppState, user_ids: list[str]) -> dict[str, str]:
     return out
 
 
-async def enforce_otp_limits(
-    st: AppState, user_ids: list[str], sms: bool, ip: str | None, device: str | None
-) -> None:
-    """Prefix allow-list (when SMS may be used) and the per phone/IP/device limits."""
+async def check_otp_recipients(st: AppState, user_ids: list[str], sms: bool) -> set[str]:
+    """The recipients' phone numbers, after the prefix allow-list (when SMS may be used)."""
     try:
         phones = await recipient_phones(st, user_ids)
     except RedisError as exc:
@@ -91,8 +89,16 @@ async def enforce_otp_limits(
                 raise sms_prefix_problem(
                     ["body", "recipients", "user_ids", user_ids.index(user_id)]
                 )
+    return set(phones.values())
+
+
+async def charge_otp_limits(
+    st: AppState, phones: set[str], ip: str | None, device: str | None
+) -> None:
+    """Count one OTP against the per phone/IP/device limits; 429 when one is used up. Charged
+    once per new request (after the idempotency check: a retried request_id is free)."""
     limits: list[tuple[str, str, tuple[int, int]]] = [
-        ("phone", keys.otp_limit("phone", p), st.api.otp_per_phone) for p in set(phones.values())
+        ("phone", keys.otp_limit("phone", p), st.api.otp_per_phone) for p in sorted(phones)
     ]
     if ip:
         limits.append(("ip", keys.otp_limit("ip", ip), st.api.otp_per_ip))

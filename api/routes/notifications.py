@@ -29,7 +29,7 @@ from api import keys
 from api.auth import Tenant
 from api.intake import body_hash, check_against_catalog, check_times, is_otp
 from api.models import NotificationAccepted, NotificationCreate, to_request_record
-from api.otp import count_otp, enforce_otp_limits
+from api.otp import charge_otp_limits, check_otp_recipients, count_otp
 from api.problems import ProblemError, dumps, problem_responses
 from api.state import (
     AppState,
@@ -123,12 +123,11 @@ async def accept(
     nt = check_against_catalog(body, st.catalog)
     check_times(body, now, st.api.send_at_max_past_seconds, st.settings.schedule.horizon_days)
     otp = is_otp(nt)
+    phones: set[str] = set()
     if otp:
         channels = body.channels or nt.allowed_channels
-        await enforce_otp_limits(
-            st, list(body.recipients.user_ids or []), "sms" in channels,
-            end_user_ip, end_user_device,
-        )  # fmt: skip
+        user_ids = list(body.recipients.user_ids or [])
+        phones = await check_otp_recipients(st, user_ids, "sms" in channels)
     nid = ids.notification_id(tenant.tenant_id, body.request_id)
     digest = body_hash(body)
     accepted_ms = to_ms(now)
@@ -154,6 +153,8 @@ async def accept(
             return _accepted(nid, int(held_ms))
     record = to_request_record(body, nid, tenant.tenant_id, nt.traffic_class, now)  # type: ignore[arg-type]
     try:
+        if otp and outcome != "exists":  # a retry of a request in flight was charged already
+            await charge_otp_limits(st, phones, end_user_ip, end_user_device)
         await st.publish(f"herald.requests.{nt.traffic_class}", nid, record)
     except ProblemError:
         with contextlib.suppress(RedisError):

@@ -51,6 +51,19 @@ def test_otp_limited_per_phone(api: RunningApi) -> None:
     assert "123456" not in resp.text
 
 
+def test_a_retried_otp_request_does_not_use_up_the_phone_budget(api: RunningApi) -> None:
+    user = f"u-{uuid.uuid4().hex[:8]}"
+    with_phone(api, user, f"+4179{uuid.uuid4().int % 10**7:07d}")
+    first = otp(user)
+    with api.client() as http:
+        # the same request_id again and again (client retries): one OTP, one charge
+        replies = [http.post("/v1/notifications", json=first) for _ in range(5)]
+        assert [r.status_code for r in replies] == [202] * 5
+        assert len({r.json()["notification_id"] for r in replies}) == 1
+        codes = [http.post("/v1/notifications", json=otp(user)).status_code for _ in range(3)]
+    assert codes == [202, 202, 429]  # 3 per phone per window: the retries cost nothing
+
+
 @pytest.mark.parametrize(("header", "limit"), [("X-End-User-IP", 5), ("X-End-User-Device", 4)])
 def test_otp_limited_per_ip_and_device(api: RunningApi, header: str, limit: int) -> None:
     value = f"v-{uuid.uuid4().hex}"

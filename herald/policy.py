@@ -55,6 +55,7 @@ __all__ = [
     "Send",
     "Suppress",
     "decide",
+    "quiet_end",
 ]
 
 
@@ -558,7 +559,20 @@ class _Holds:
         if channel not in self._catalog.quiet_hours_channels:
             return None
         if not self._quiet_done:
-            tz = self._prefs.timezone or self._catalog.default_timezone
-            self._quiet = quiet_until(self._due, self._prefs.quiet_hours, tz)
+            self._quiet = _quiet_until(self._catalog, self._prefs, self._due)
             self._quiet_done = True
         return self._quiet
+
+
+def quiet_end(
+    catalog: Catalog, nt: NotificationType, prefs: Preferences, channel: str, at: datetime
+) -> datetime | None:
+    """When the user's quiet hours that hold a send of `nt` on `channel` at `at` end; None when
+    none do (`decide`'s rule, step 4; dispatch applies it again just before sending)."""
+    if nt.bypass_quiet_hours or channel not in catalog.quiet_hours_channels:
+        return None
+    return _quiet_until(catalog, prefs, at)
+
+
+def _quiet_until(catalog: Catalog, prefs: Preferences, at: datetime) -> datetime | None:
+    return quiet_until(at, prefs.quiet_hours, prefs.timezone or catalog.default_timezone)

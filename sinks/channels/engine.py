@@ -11,7 +11,10 @@ Stages (herald.dispatching holds the pure rules, herald.retry the decisions):
    live worker → requeued for when that PENDING (or its worker's lease) expires (seed 000 §5.2
    "try again later"); PENDING of a dead worker (lease gone) → taken over and sent;
 3. re-checks just before sending: expired → EXPIRED, opted out since planning → SUPPRESSED
-   (the API's Redis copy of the preferences, one round trip), guard released;
+   (the API's Redis copy of the preferences, one round trip), guard released; inside the
+   user's quiet hours (a backlog drained late, a retry, a DLQ replay, a window set since
+   planning; `herald.policy.quiet_end`) → held again: a SCHEDULED `quiet_hours` event and the
+   delivery back to the retry topic, due when the window ends (the retry job holds it);
 4. rounds: breaker admission per delivery (a refused one fails over or is requeued without
    counting an attempt), shaped sends (sinks/channels/sending.py), `decide` per outcome,
    effects applied; a failover (SMS A→B) goes into the next round at once, same guard;
@@ -58,6 +61,7 @@ from herald.dispatching import (
 from herald.guard import AlreadySent, GuardClass, InFlight, Proceed, SendGuard
 from herald.metrics import JobMetrics
 from herald.outcomes import Accepted, Outcome
+from herald.policy import Preferences, quiet_end
 from herald.retry import (
     Action,
     AttemptContext,
@@ -216,8 +220,11 @@ class Dispatcher:
         now = self.clock()
         kept: list[Item] = []
         for it in items:
-            skip = recheck(it.delivery, now, prefs.get(it.delivery["user_id"]), it.bypass_opt_out)
+            user_prefs = prefs.get(it.delivery["user_id"])
+            skip = recheck(it.delivery, now, user_prefs, it.bypass_opt_out)
             if skip is None:
+                if user_prefs is not None and self._held_quiet(it, user_prefs, now, out):
+                    continue
                 kept.append(it)
                 continue
             made = it.attempt - 1
@@ -228,6 +235,21 @@ class Dispatcher:
             it.guard_op = "release"
             self._release(it)
         return kept
+
+    def _held_quiet(self, it: Item, prefs: Preferences, now: datetime, out: Outputs) -> bool:
+        """Hold `it` again when it reached dispatch inside the user's quiet hours."""
+        nt = self.catalog.types.get(it.delivery["notification_type"])
+        channel = it.delivery["channel"]
+        until = None if nt is None else quiet_end(self.catalog, nt, prefs, channel, now)
+        if until is None:
+            return False
+        out.events.append(event(it.delivery, State.SCHEDULED, attempt=it.attempt - 1, now=now,
+                                provider=it.provider, reason="quiet_hours",
+                                attributes={"held_until": until.isoformat()}))  # fmt: skip
+        out.retries.append(requeued(it.delivery, until))
+        it.guard_op = "release"
+        self._release(it)
+        return True
 
     # -- 4. rounds -----------------------------------------------------------------------------
 

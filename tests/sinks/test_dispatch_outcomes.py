@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import UTC, timedelta
+from zoneinfo import ZoneInfo
 
 import orjson
 import pytest
@@ -245,3 +246,30 @@ def test_concurrent_workers_send_once(fresh: dict, url: str) -> None:
         for t in threads:
             t.join()
     assert all(accepted_for(fresh["apns"], d["address"]) == 1 for d in batch)
+
+
+def test_a_delivery_that_reaches_dispatch_in_quiet_hours_is_held_again(
+    fresh: dict, url: str
+) -> None:
+    # a marketing push planned outside the window but dispatched inside it (a backlog drained
+    # late, a retry, a replay): held until the window ends, not sent; an OTP-like type that
+    # bypasses quiet hours is sent
+    client = redis.Redis.from_url(url)
+    local = now().astimezone(ZoneInfo("Asia/Tokyo"))
+    start, end = local - timedelta(minutes=30), local + timedelta(minutes=30)
+    window = {"start": start.strftime("%H:%M"), "end": end.strftime("%H:%M")}
+    marketing = delivery(notification_type="marketing_campaign", category="marketing",
+                         traffic_class="bulk")  # fmt: skip
+    alert = delivery(notification_type="security_alert")  # bypasses quiet hours
+    for d in (marketing, alert):
+        put_prefs(client, d["user_id"], quiet_hours=window, timezone="Asia/Tokyo")
+    with harness(url, factories(fresh, url)) as h:
+        out = h.run([marketing, alert])
+        guard = h.guard.acquire(marketing["delivery_id"], "bulk")
+    assert states(out, marketing["delivery_id"]) == [("SCHEDULED", "quiet_hours")]
+    (held,) = out.retries
+    until = end.replace(second=0, microsecond=0).astimezone(UTC)
+    assert held["delivery_id"] == marketing["delivery_id"] and held["next_attempt_at"] == until
+    assert isinstance(guard, Proceed)  # released: the delivery is sent when it comes back
+    assert states(out, alert["delivery_id"])[-1] == ("PROVIDER_ACCEPTED", None)
+    assert fresh["apns"].stats()["requests"] == 1

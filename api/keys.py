@@ -17,6 +17,8 @@ user's keys live in one slot and multi-key scripts on them work on a cluster.
     otp:stats:<yyyymmddhh>      hash    "<type>:sent" / "<type>:verified" counters, TTL 48 h
     prefs:{user}                string  JSON user_preferences record (copy written after Kafka ack)
     prefs:{user}:version        int     last version handed out (herald.versions; NEXT_VERSION)
+    prefs:{user}:lock           string  serializes changes of the preferences (the API's PUT,
+                                        the receipts job's opt-outs: sinks/consent.py)
     cp:{user}                   string  JSON contact_points record (copy written after Kafka ack)
     cp:{user}:lock              string  read-modify-write lock of the contact points
     users:{<p>}:pos             hash    "<partition>-<topic>" -> next changelog offset the copies
@@ -80,6 +82,10 @@ def prefs_version(user_id: str) -> str:
     return f"prefs:{{{user_id}}}:version"
 
 
+def prefs_lock(user_id: str) -> str:
+    return f"prefs:{{{user_id}}}:lock"
+
+
 def contact_points(user_id: str) -> str:
     return f"cp:{{{user_id}}}"
 
@@ -115,6 +121,15 @@ def users_ready(topic_prefix: str) -> str:
 def users_restored(topic_prefix: str) -> str:
     return f"users:{{{topic_prefix}}}:restored"
 
+
+# The next version (herald.versions.next_version, atomically). KEYS[1] counter; ARGV[1] now in us
+NEXT_VERSION = """
+local held = tonumber(redis.call('GET', KEYS[1]) or '0') or 0
+local v = math.max(tonumber(ARGV[1]), held + 1)
+v = string.format('%d', v)
+redis.call('SET', KEYS[1], v)
+return v
+"""
 
 # Write a copy only when it is newer than what Redis holds. KEYS[1]; ARGV: json, version
 COPY_IF_NEWER = """

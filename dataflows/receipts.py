@@ -9,8 +9,10 @@
     fold_delivery -> new delivery_events (DELIVERED, READ, OPENED, CLICKED, FAILED_PERMANENT,
                      DELIVERY_UNKNOWN ...) -> herald.delivery-events
                   -> hot status, compare-and-set in Redis (herald.status_keys)
-                  -> dead addresses (bounce, spam report, carrier "dead number") -> the phone or
+                  -> dead addresses (hard bounce, carrier "dead number") -> the phone or
                      email disabled in the user's contact points (sinks/addresses.py)
+                  -> opt-outs (email unsubscribe, spam report) -> `marketing:email` added to the
+                     user's preferences (sinks/consent.py)
                   -> every receipt event with its outcome -> ClickHouse receipt_events
                   -> receipts no delivery claimed within the TTL -> herald.dead-letters
                      (reason receipt_unmatched; `herald replay` re-drives them)
@@ -46,6 +48,7 @@ from herald.delivery_fold import (
     Fact,
     FoldConfig,
     MsgJoin,
+    OptOut,
     Unmatched,
     event_generation,
 )
@@ -55,6 +58,7 @@ from herald.status_keys import StatusUpdate
 from schemas.registry import make_registry
 from sinks.addresses import AddressSink
 from sinks.clickhouse import ClickHouseSink
+from sinks.consent import ConsentSink
 from sinks.kafka import dead_letter, encode_avro, topic_serializer
 from sinks.redis_status import StatusSink
 from sources.kafka import Decoded, kafka_avro_input
@@ -283,7 +287,7 @@ def build_flow(
         op.merge("fold_in", events_keyed, receipts_hinted, receipts_joined),
         lambda state: _FoldLogic(cfg, state),
     )  # fmt: skip
-    # (delivery_id, Emit | StatusUpdate | Fact | Unmatched | DeadAddress)
+    # (delivery_id, Emit | StatusUpdate | Fact | Unmatched | DeadAddress | OptOut)
     outputs = op.key_rm("fold_unkey", folded)
     op.inspect("count", outputs, _count(metrics))
 
@@ -296,6 +300,8 @@ def build_flow(
     op.output("status_out", statuses, StatusSink(settings.redis))
     dead_addresses = op.filter("dead_addresses", outputs, lambda o: isinstance(o, DeadAddress))
     op.output("addresses_out", dead_addresses, AddressSink(settings))
+    opt_outs = op.filter("opt_outs", outputs, lambda o: isinstance(o, OptOut))
+    op.output("consent_out", opt_outs, ConsentSink(settings))
     facts = op.filter_map("facts", outputs, lambda o: o.row if isinstance(o, Fact) else None)
 
     unmatched = op.merge(

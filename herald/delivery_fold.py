@@ -24,6 +24,8 @@ the owner must call `on_timer(now)`; `expired(now)` says the state may be discar
     Unmatched(event)        a receipt no delivery claimed within its TTL (kept, re-drivable)
     DeadAddress(...)        a receipt said the phone/email the delivery went to is dead
                             (herald.receipts.kills_address): disable that address
+    OptOut(...)             an unsubscribe or spam report (herald.receipts.opts_out): the
+                            user opts out of marketing on that channel
 """
 
 from __future__ import annotations
@@ -35,12 +37,13 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from herald import ids, states
-from herald.receipts import ReceiptEvent, kills_address
+from herald.receipts import ReceiptEvent, kills_address, opts_out
 from herald.status_keys import StatusUpdate
 
 __all__ = [
     "Context",
     "DeadAddress",
+    "OptOut",
     "DeliveryFold",
     "Emit",
     "Fact",
@@ -104,7 +107,17 @@ class DeadAddress:
     reason: str
 
 
-Output = Emit | StatusUpdate | Fact | Unmatched | DeadAddress
+@dataclass(frozen=True, slots=True)
+class OptOut:
+    """Add `entry` ("marketing:email") to `user_id`'s category × channel opt-outs
+    (herald.receipts.opts_out: an unsubscribe or a spam report; sinks/consent.py)."""
+
+    user_id: str
+    entry: str
+    reason: str
+
+
+Output = Emit | StatusUpdate | Fact | Unmatched | DeadAddress | OptOut
 
 
 @dataclass(slots=True)
@@ -340,6 +353,8 @@ class DeliveryFold:
         if tag and ev.reason and kills_address(ev):
             assert self.ctx is not None
             out.append(DeadAddress(self.ctx.user_id, self.ctx.channel, tag, ev.reason))
+        if ev.reason and opts_out(ev):
+            out.append(OptOut(self.ctx.user_id, f"marketing:{self.ctx.channel}", ev.reason))
 
     def _apply(
         self, target: str, ev: ReceiptEvent | None, topic_event: dict[str, Any] | None,

@@ -38,11 +38,13 @@ import orjson
 __all__ = [
     "CHANNEL_OF",
     "DEAD_ADDRESS",
+    "OPT_OUT",
     "BadReceipt",
     "ReceiptEvent",
     "address_tag",
     "join_key",
     "kills_address",
+    "opts_out",
     "normalize",
 ]
 
@@ -107,12 +109,18 @@ _INTERNAL: Mapping[str, tuple[str | None, str | None]] = {
 # Receipts that say the address itself is dead (PROVIDERS.md §6, token_dead column): provider ->
 # receipt reasons. Twilio 21610 (the recipient replied STOP) and 30006 (landline or unreachable
 # carrier); Vonage DLR err 3 (absent subscriber, permanent), 4 (barred by the user), 9 (illegal
-# number); SendGrid hard bounce (not `blocked`, which is the receiving server's policy), spam
-# report and unsubscribe.
+# number); SendGrid hard bounce (not `blocked`, which is the receiving server's policy).
 DEAD_ADDRESS: Mapping[str, frozenset[str]] = {
     "sms_a": frozenset({"twilio_21610", "twilio_30006"}),
     "sms_b": frozenset({"vonage_err_3", "vonage_err_4", "vonage_err_9"}),
-    "email": frozenset({"bounce", "spamreport", "unsubscribe"}),
+    "email": frozenset({"bounce"}),
+}
+
+# Receipts that say the person wants no more marketing on that channel, while the address works:
+# a marketing opt-out (sinks/consent.py), never a disabled address (their password resets must
+# still arrive). SendGrid's unsubscribe, group unsubscribe and spam report.
+OPT_OUT: Mapping[str, frozenset[str]] = {
+    "email": frozenset({"unsubscribe", "group_unsubscribe", "spamreport"}),
 }
 
 
@@ -161,6 +169,11 @@ def join_key(provider: str, provider_msg_id: str) -> str:
 def kills_address(ev: ReceiptEvent) -> bool:
     """True when the receipt says the phone number or email address can't be used again."""
     return ev.reason in DEAD_ADDRESS.get(ev.provider, ())
+
+
+def opts_out(ev: ReceiptEvent) -> bool:
+    """True when the receipt says the person opts out of marketing on the channel."""
+    return ev.reason in OPT_OUT.get(ev.provider, ())
 
 
 def address_tag(address: str) -> str:

@@ -2,7 +2,7 @@
 
     AddressSink(settings)       Bytewax sink; items are herald.delivery_fold.DeadAddress
 
-A bounce, a spam report or a carrier's "dead number" receipt (herald.receipts.kills_address)
+A hard bounce or a carrier's "dead number" receipt (herald.receipts.kills_address)
 names no address, only the delivery. The receipts job knows the `address_tag` of the address
 that delivery went to (from dispatch's PROVIDER_ACCEPTED event); this sink removes the user's
 current phone (or email) only when its tag is that one, so a number changed since the send is

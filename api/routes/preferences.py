@@ -1,6 +1,7 @@
 """PUT/GET /v1/users/{user_id}/preferences → compacted `herald.preferences` (key user_id).
 
-PUT replaces the user's preferences: the version is the next of the hybrid logical clock
+PUT replaces the user's preferences, under `prefs:{user}:lock` (the receipts job changes them
+too: an unsubscribe, sinks/consent.py): the version is the next of the hybrid logical clock
 (herald.versions: the clock in microseconds, above the last version handed out for this user,
 kept in `prefs:{user}:version` so that concurrent writers never share one; if Redis lost that
 key the clock alone is still above every earlier version), the `user_preferences` record is
@@ -12,31 +13,22 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Annotated
+from typing import Annotated, Any
 
 import orjson
 from fastapi import APIRouter, Path, Request
 from fastapi.responses import Response
-from redis.exceptions import RedisError
+from redis.exceptions import LockError, RedisError
 
 from api import keys
 from api.models import PreferencesIn, PreferencesOut, preferences_from_record, to_preferences_record
 from api.problems import ProblemError, dumps, problem_responses
-from api.state import from_ms, guarded, now_utc, redis_unavailable, to_ms
+from api.state import AppState, from_ms, guarded, now_utc, redis_unavailable, to_ms
 
 log = logging.getLogger(__name__)
 router = APIRouter(tags=["preferences"])
 
 UserId = Annotated[str, Path(min_length=1, max_length=128, pattern=r"^[^\s/]+$")]
-
-# The next version (herald.versions.next_version, atomically). KEYS[1] counter; ARGV[1] now in us
-NEXT_VERSION = """
-local held = tonumber(redis.call('GET', KEYS[1]) or '0') or 0
-local v = math.max(tonumber(ARGV[1]), held + 1)
-v = string.format('%d', v)
-redis.call('SET', KEYS[1], v)
-return v
-"""
 
 
 def _view(record: dict) -> PreferencesOut:  # type: ignore[type-arg]
@@ -55,12 +47,26 @@ def _view(record: dict) -> PreferencesOut:  # type: ignore[type-arg]
 async def put_preferences(user_id: UserId, body: PreferencesIn, request: Request) -> Response:
     """Produce the new record (acked) and update the Redis copy; returns the stored view."""
     st, _ = await guarded(request, "preferences:write")
-    now = now_utc()
+    lock = st.redis.lock(
+        keys.prefs_lock(user_id), timeout=st.api.ack_timeout_seconds + 10, blocking_timeout=5
+    )
     try:
-        now_us = time.time_ns() // 1000
-        version = int(await st.script(NEXT_VERSION, [keys.prefs_version(user_id)], [now_us]))
+        async with lock:  # an opt-out from a receipt (sinks/consent.py) is never lost to a PUT
+            stored = await _replace(st, user_id, body)
+    except LockError as exc:
+        raise ProblemError(
+            503, "preferences_busy", "another update of this user is in progress",
+            headers={"Retry-After": "1"},
+        ) from exc  # fmt: skip
     except RedisError as exc:
         raise redis_unavailable(st, exc) from exc
+    return Response(dumps(_view(stored).model_dump()), media_type="application/json")
+
+
+async def _replace(st: AppState, user_id: str, body: PreferencesIn) -> dict[str, Any]:
+    now = now_utc()
+    now_us = time.time_ns() // 1000
+    version = int(await st.script(keys.NEXT_VERSION, [keys.prefs_version(user_id)], [now_us]))
     record = to_preferences_record(user_id, body, now, version)
     await st.publish("herald.preferences", user_id, record)
     stored = {**record, "updated_at": to_ms(now)}
@@ -69,7 +75,7 @@ async def put_preferences(user_id: UserId, body: PreferencesIn, request: Request
     except RedisError as exc:
         log.warning("api.preferences_copy_failed version=%d error=%s", version, type(exc).__name__)
     log.info("api.preferences_updated version=%d", version)
-    return Response(dumps(_view(stored).model_dump()), media_type="application/json")
+    return stored
 
 
 @router.get(

@@ -205,8 +205,8 @@ def test_receipts_join_the_generation_of_the_send_they_answer_bounded(
 def test_dead_address_receipts_disable_the_address_the_message_went_to(
     settings: HeraldSettings,
 ) -> None:
-    """A bounce and a STOP disable that email and that phone; a spam report about an address
-    the user has changed since leaves the new one alone."""
+    """A bounce and a STOP disable that email and that phone; a bounce of an address the user
+    has changed since leaves the new one alone."""
     w = World(settings)
     client = redis.Redis.from_url(settings.redis.url)
     ann, bob = w.d("ann"), w.d("bob")
@@ -226,7 +226,7 @@ def test_dead_address_receipts_disable_the_address_the_message_went_to(
                address_tag=address_tag("old@example.com"))  # fmt: skip
     w.sendgrid(f"{w.p}MSG1", "ann-mail", "processed", "bounce")
     w.twilio(f"{w.p}SM1", "undelivered", ErrorCode="21610")  # the recipient replied STOP
-    w.sendgrid(f"{w.p}MSG2", "bob-mail", "delivered", "spamreport")
+    w.sendgrid(f"{w.p}MSG2", "bob-mail", "processed", "bounce")
 
     run_main(
         build_flow(settings, bounded=True, receipts=ReceiptsSettings()),
@@ -247,7 +247,53 @@ def test_dead_address_receipts_disable_the_address_the_message_went_to(
     assert 3 < published[0]["version"] < published[1]["version"] == after[ann]["version"]
     assert published[-1]["email"] is None and published[-1]["phone"] is None
     assert w.status() == {w.d("ann-mail"): "FAILED_PERMANENT", w.d("ann-sms"): "FAILED_PERMANENT",
-                          w.d("bob-mail"): "DELIVERED"}  # fmt: skip
+                          w.d("bob-mail"): "FAILED_PERMANENT"}  # fmt: skip
+
+
+def test_unsubscribe_and_spam_report_opt_out_of_marketing_email(settings: HeraldSettings) -> None:
+    """An unsubscribe and a spam report are marketing opt-outs recorded as preference changes
+    (the copy and herald.preferences, a newer version, the user's other choices kept); the
+    email address stays, so transactional mail still reaches it."""
+    w = World(settings)
+    client = redis.Redis.from_url(settings.redis.url)
+    cat, dan = w.d("cat"), w.d("dan")
+    contacts = {"user_id": cat, "devices": [], "phone": None, "updated_at": 0, "version": 3,
+                "email": {"address": "cat@example.com", "verified": True}}  # fmt: skip
+    client.set(keys.contact_points(cat), orjson.dumps(contacts))
+    prefs = {"user_id": cat, "global_opt_out": False, "category_opt_out": [],
+             "channel_opt_out": [], "category_channel_opt_out": ["social:sms"],
+             "quiet_hours": {"start": "22:00", "end": "07:00"}, "timezone": "Europe/Zurich",
+             "locale": "de", "updated_at": 0, "version": 5}  # fmt: skip
+    client.set(keys.prefs(cat), orjson.dumps(prefs))
+    client.set(keys.users_restored(settings.kafka.topic_prefix), 1)  # dan has no copy: defaults
+    w.accepted("cat-mail", "email", "email", f"{w.p}MSG1", user=cat,
+               address_tag=address_tag("cat@example.com"))  # fmt: skip
+    w.accepted("dan-mail", "email", "email", f"{w.p}MSG2", user=dan,
+               address_tag=address_tag("dan@example.com"))  # fmt: skip
+    w.sendgrid(f"{w.p}MSG1", "cat-mail", "delivered", "unsubscribe")
+    w.sendgrid(f"{w.p}MSG1", "cat-mail", "delivered", "spamreport")  # the same opt-out again
+    w.sendgrid(f"{w.p}MSG2", "dan-mail", "delivered", "spamreport")
+
+    run_main(
+        build_flow(settings, bounded=True, receipts=ReceiptsSettings()),
+        epoch_interval=timedelta(milliseconds=200),
+    )
+
+    after = {u: orjson.loads(client.get(keys.prefs(u))) for u in (cat, dan)}
+    assert orjson.loads(client.get(keys.contact_points(cat))) == contacts  # the address stays
+    client.close()
+    assert after[cat]["category_channel_opt_out"] == ["marketing:email", "social:sms"]
+    assert {k: v for k, v in after[cat].items()
+            if k not in ("category_channel_opt_out", "version", "updated_at")} == {
+        k: v for k, v in prefs.items() if k not in ("category_channel_opt_out", "version",
+                                                    "updated_at")}  # fmt: skip
+    assert after[cat]["version"] > 5
+    assert after[dan]["category_channel_opt_out"] == ["marketing:email"]
+    assert after[dan]["global_opt_out"] is False and after[dan]["quiet_hours"] is None
+    published = [decoder(settings)(v) for _k, v in consume(settings, "herald.preferences")]
+    assert sorted(r["user_id"] for r in published) == sorted([cat, dan])  # once per user
+    assert all(r["category_channel_opt_out"][0] == "marketing:email" for r in published)
+    assert w.status() == {w.d("cat-mail"): "DELIVERED", w.d("dan-mail"): "DELIVERED"}
 
 
 def test_job_process_holds_expires_and_watches(

@@ -22,7 +22,14 @@ from herald.delivery_fold import (
     MsgJoin,
     Unmatched,
 )
-from herald.receipts import BadReceipt, ReceiptEvent, address_tag, kills_address, normalize
+from herald.receipts import (
+    BadReceipt,
+    ReceiptEvent,
+    address_tag,
+    kills_address,
+    normalize,
+    opts_out,
+)
 from herald.status_keys import StatusUpdate, allowed_sources, status_key, write_statuses
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -117,7 +124,11 @@ def test_dead_address_receipts_per_provider() -> None:
         {"event": "unsubscribe"}, {"event": "dropped"},
     )  # fmt: skip
     assert [kills_address(e) for e in (bounce, blocked, spam, unsub, dropped)] == [
-        True, False, True, True, False,  # blocked: the receiving server's policy, not the address
+        True, False, False, False, False,  # blocked: the receiving server's policy
+    ]  # fmt: skip
+    # a spam report or an unsubscribe is a marketing opt-out, the address still works
+    assert [opts_out(e) for e in (bounce, blocked, spam, unsub, dropped)] == [
+        False, False, True, True, False,
     ]  # fmt: skip
     [stop] = normalize(twilio("undelivered", ErrorCode="21610"))
     [carrier] = normalize(twilio("undelivered", ErrorCode="30003"))  # unreachable handset: retry

@@ -188,6 +188,11 @@ class StackClient:
         resp = self.api.put(f"/v1/users/{user_id}/preferences", json=preferences)
         return dict(_expect(resp, 200, f"preferences of {user_id}"))
 
+    def preferences(self, user_id: str) -> dict[str, Any]:
+        """GET /v1/users/{id}/preferences: the user's current preferences."""
+        resp = self.api.get(f"/v1/users/{user_id}/preferences")
+        return dict(_expect(resp, 200, f"preferences of {user_id}"))
+
     def put_device(self, user_id: str, platform: str, token: str, app_id: str | None = None) -> str:
         """POST /v1/devices (register or refresh a push token); returns the device_id."""
         body: dict[str, Any] = {"user_id": user_id, "platform": platform, "token": token}

@@ -120,9 +120,11 @@ def _include_routers(app: FastAPI) -> None:
         otp,
         preferences,
         tracking,
+        unsubscribe,
     )
 
-    for module in (notifications, preferences, devices, callbacks, inbox, tracking, otp):
+    routers = (notifications, preferences, devices, callbacks, inbox, tracking, unsubscribe, otp)
+    for module in routers:
         app.include_router(module.router)
 
 

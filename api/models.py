@@ -272,6 +272,19 @@ def to_preferences_record(
     return {"user_id": user_id, **record, "updated_at": updated_at, "version": version}
 
 
+def with_opt_out(
+    record: dict[str, Any], entry: str, version: int, updated_at: Any
+) -> dict[str, Any] | None:
+    """`record` (user_preferences) with `entry` ("marketing:email") added to its category ×
+    channel opt-outs at `version`; None when it is there already (an unsubscribe from a mail
+    client, sinks/consent.py and api/routes/unsubscribe.py)."""
+    pairs = record.get("category_channel_opt_out") or []
+    if entry in pairs:
+        return None
+    return {**record, "category_channel_opt_out": sorted({*pairs, entry}),
+            "updated_at": updated_at, "version": version}  # fmt: skip
+
+
 def preferences_from_record(record: dict[str, Any]) -> PreferencesOut:
     """The API view of a decoded `user_preferences` record."""
     return PreferencesOut.model_validate(record)

@@ -98,5 +98,4 @@ class ApiSettings(BaseSettings):
     otp_per_device: tuple[int, int] = (10, 600)
     # SMS destinations allowed (E.164 prefixes, e.g. ["+41", "+49", "+86"]); empty = all.
     sms_allowed_prefixes: list[str] = Field(default_factory=list)
-    tracking_secret: SecretStr = SecretStr("herald-dev-tracking-secret-change-me")
     trust_forwarded_for: bool = False

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -168,3 +169,24 @@ def to_ms(value: datetime) -> int:
 def from_ms(ms: int) -> datetime:
     """Tz-aware UTC datetime of epoch milliseconds."""
     return datetime.fromtimestamp(ms / 1000, tz=UTC)
+
+
+RESTORE_POLL_S = 0.05
+
+
+async def wait_restored(st: AppState) -> None:
+    """Return once the users' Redis copies hold every user (`users:{<prefix>}:restored`, set by
+    the users job); 503 `user_state_restoring` after `restore_wait_seconds`. A change that reads
+    a user's copy and finds none must not start from an empty record while Redis is being
+    refilled from the changelogs."""
+    marker = keys.users_restored(st.settings.kafka.topic_prefix)
+    deadline = time.monotonic() + st.api.restore_wait_seconds
+    while not await st.redis.exists(marker):
+        if time.monotonic() >= deadline:
+            st.metrics.unavailable.labels("user_state").inc()
+            raise ProblemError(
+                503, "user_state_restoring",
+                "this user's state is being restored from the changelog, retry later",
+                headers={"Retry-After": "2"},
+            )  # fmt: skip
+        await asyncio.sleep(RESTORE_POLL_S)

@@ -15,6 +15,7 @@ so the defaults below only matter for a process started by hand.
 | ClickHouseSettings | HERALD_CLICKHOUSE_   | HERALD_CLICKHOUSE_DSN=https://user:pw@ch:8443/herald |
 | RunSettings        | HERALD_              | HERALD_RUN_DIR=/var/lib/herald                       |
 | ScheduleSettings   | HERALD_SCHEDULE_     | HERALD_SCHEDULE_HORIZON_DAYS=30                      |
+| LinksSettings      | HERALD_LINKS_        | HERALD_LINKS_BASE_URL=https://notify.example.com     |
 """
 
 from __future__ import annotations
@@ -132,6 +133,22 @@ class ScheduleSettings(BaseSettings):
         return timedelta(days=self.horizon_days) + self.HOLD_MARGIN
 
 
+class LinksSettings(BaseSettings):
+    """The links Herald puts in emails (herald/links.py): the API's public base URL they point
+    at, and the secret that signs them (the API verifies, dispatch signs). `herald up` sets
+    both (a secret generated once per run directory); in production set a long random secret
+    and the URL the recipients' mail clients reach. Without `base_url` no link is added (and no
+    `List-Unsubscribe` header: set it for marketing mail)."""
+
+    model_config = SettingsConfigDict(env_prefix="HERALD_LINKS_")
+
+    base_url: str | None = None
+    secret: SecretStr = SecretStr("herald-dev-links-secret-change-me")
+
+    def secret_bytes(self) -> bytes:
+        return self.secret.get_secret_value().encode()
+
+
 class HeraldSettings(BaseSettings):
     """Everything an entry point may need, loaded once."""
 
@@ -141,3 +158,4 @@ class HeraldSettings(BaseSettings):
     clickhouse: ClickHouseSettings = Field(default_factory=ClickHouseSettings)
     run: RunSettings = Field(default_factory=RunSettings)
     schedule: ScheduleSettings = Field(default_factory=ScheduleSettings)
+    links: LinksSettings = Field(default_factory=LinksSettings)

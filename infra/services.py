@@ -15,6 +15,7 @@ N processes). Kafka partitions are spread over the workers of all processes.
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import sys
 from collections.abc import Callable
@@ -55,7 +56,22 @@ class Ctx:
             env["HERALD_REDIS_URL"] = f"redis://{host}:{ports['redis']}/0"
         if "clickhouse" in ports:
             env["HERALD_CLICKHOUSE_DSN"] = f"http://{host}:{ports['clickhouse']}"
+        if "api" in ports:  # links in emails (herald.config.LinksSettings)
+            env["HERALD_LINKS_BASE_URL"] = f"http://{host}:{ports['api']}"
+            env["HERALD_LINKS_SECRET"] = links_secret(self.run_dir)
         return env
+
+
+def links_secret(run_dir: Path) -> str:
+    """The secret signing the stack's email links: made once per run directory (0600), so
+    links in mail sent before a restart stay valid."""
+    path = run_dir / "links.secret"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(secrets.token_urlsafe(32))
+    return path.read_text().strip()
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ import redis
 from bytewax.outputs import DynamicSink, StatelessSinkPartition
 
 from api import keys
-from api.models import PreferencesIn, to_preferences_record
+from api.models import PreferencesIn, to_preferences_record, with_opt_out
 from herald.config import HeraldSettings
 from herald.delivery_fold import OptOut
 from schemas.registry import make_registry
@@ -80,15 +80,14 @@ class PreferenceStore:
         )  # fmt: skip
         with lock:  # a LockError (Redis in trouble for longer than a lock lives) stops the job
             current = self._current(user_id, now)
-            pairs = current.get("category_channel_opt_out") or []
-            if entry in pairs:
+            if entry in (current.get("category_channel_opt_out") or ()):
                 return "already"
             held = self._next_version(
                 keys=[keys.prefs_version(user_id)], args=[time.time_ns() // 1000]
             )
             version = int(held)
-            record = {**current, "category_channel_opt_out": sorted({*pairs, entry}),
-                      "updated_at": _ms(now), "version": version}  # fmt: skip
+            record = with_opt_out(current, entry, version, _ms(now))
+            assert record is not None  # the entry is not there (checked under the lock)
             publish(user_id, record)
             self._copy(keys=[keys.prefs(user_id)], args=[orjson.dumps(record), version])
             return "added"

@@ -19,9 +19,7 @@ changelog; a change meanwhile waits for it (up to `restore_wait_seconds`), then 
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import time
 import uuid
 from collections.abc import Callable
 from datetime import datetime
@@ -45,13 +43,20 @@ from api.models import (
 from api.otp import prefix_allowed, sms_prefix_problem
 from api.pii import mask_email, mask_phone
 from api.problems import ProblemError, dumps, problem_responses
-from api.state import AppState, from_ms, guarded, now_utc, redis_unavailable, to_ms
+from api.state import (
+    AppState,
+    from_ms,
+    guarded,
+    now_utc,
+    redis_unavailable,
+    to_ms,
+    wait_restored,
+)
 
 log = logging.getLogger(__name__)
 router = APIRouter(tags=["devices"])
 
 UserId = Annotated[str, Path(min_length=1, max_length=128, pattern=r"^[^\s/]+$")]
-RESTORE_POLL_S = 0.05
 _NS_DEVICE = uuid.UUID("0b7e3c1a-6f0d-5e55-9a51-5d0e8f0c2a11")
 
 
@@ -128,7 +133,7 @@ async def _modify(
             now = now_utc()
             raw = await st.redis.get(keys.contact_points(user_id))
             if raw is None:
-                await _wait_restored(st)
+                await wait_restored(st)
                 raw = await st.redis.get(keys.contact_points(user_id))
             current = orjson.loads(raw) if raw else _as_ms(empty_contact_points(user_id, now))
             changed = change(current, now)
@@ -145,21 +150,6 @@ async def _modify(
         ) from exc  # fmt: skip
     except RedisError as exc:
         raise redis_unavailable(st, exc) from exc
-
-
-async def _wait_restored(st: AppState) -> None:
-    """Return once the copies hold every user; 503 `user_state_restoring` after the wait."""
-    marker = keys.users_restored(st.settings.kafka.topic_prefix)
-    deadline = time.monotonic() + st.api.restore_wait_seconds
-    while not await st.redis.exists(marker):
-        if time.monotonic() >= deadline:
-            st.metrics.unavailable.labels("user_state").inc()
-            raise ProblemError(
-                503, "user_state_restoring",
-                "this user's contact points are being restored from the changelog, retry later",
-                headers={"Retry-After": "2"},
-            )  # fmt: skip
-        await asyncio.sleep(RESTORE_POLL_S)
 
 
 @router.post(

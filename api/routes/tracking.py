@@ -1,6 +1,6 @@
 """Email tracking: GET /t/o/{token}.gif (open pixel) and GET /t/c/{token} (click redirect).
 
-Both verify the HMAC token (api/tracking.py; tampered → 400), then emit an OPENED / CLICKED
+Both verify the HMAC token (herald/links.py; tampered → 400), then emit an OPENED / CLICKED
 `delivery_event` to herald.delivery-events without waiting for the ack (tracking is analytics,
 never on the user's critical path; a refused record is counted and logged). Event ids are
 deterministic (`ids.event_id`), so repeated opens collapse into one event and repeated clicks
@@ -26,10 +26,11 @@ from fastapi import APIRouter, Path, Request
 from fastapi.responses import Response
 from redis.exceptions import RedisError
 
-from api import keys, tracking
+from api import keys
 from api.problems import ProblemError, problem_responses
 from api.state import AppState, now_utc, state_of
 from herald import ids
+from herald import links as tracking
 
 log = logging.getLogger(__name__)
 router = APIRouter(tags=["tracking"])
@@ -83,7 +84,7 @@ async def _emit(
 
 def _verify(st: AppState, kind: tracking.Kind, token: str) -> dict[str, str]:
     try:
-        return tracking.verify(st.api.tracking_secret.get_secret_value().encode(), kind, token)
+        return tracking.verify(st.settings.links.secret_bytes(), kind, token)
     except tracking.BadToken as exc:
         st.metrics.tracking_rejected.labels("open" if kind == "o" else "click").inc()
         raise ProblemError(400, "invalid_tracking_token", str(exc)) from None

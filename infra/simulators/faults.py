@@ -118,6 +118,9 @@ class Stats:
         self.accepted_ids: dict[str, list[list[str | None]]] = {}
         self.extra: Counter[str] = Counter()
         self.log: list[tuple[float, str | None, str]] = []
+        # the last accepted message's headers and bodies per address (providers that have
+        # them: the email simulator keeps List-Unsubscribe for tests), when recording ids
+        self.messages: dict[str, dict[str, Any]] = {}
 
     def error(self, kind: str, address: str | None = None) -> None:
         """Count one answered error of `kind` (wire reason or code); log it when recording."""
@@ -145,6 +148,8 @@ class Stats:
         }
         if include_ids:
             out["accepted_ids"] = self.accepted_ids
+            if self.messages:
+                out["messages"] = self.messages
         if include_log:
             out["log"] = self.log
         return out

@@ -8,6 +8,8 @@
   arrays every `receipts.batch_ms`, signed with ECDSA P-256 over timestamp + body
   (`X-Twilio-Email-Event-Webhook-Signature` / `-Timestamp`); duplicates keep their
   `sg_event_id`. Custom args come back as top-level event fields.
+- The last accepted message per address (its `headers`, e.g. RFC 8058's `List-Unsubscribe`,
+  and `content`) shows under "messages" in `GET /_admin/stats` while ids are recorded.
 - `GET /v3/user/webhooks/event/settings/signed` → `{"enabled": true, "public_key": ...}`.
 Error kinds: "400", "401", "403", "413", "429", "500", "503".
 """
@@ -180,6 +182,10 @@ class SendGridSimulator(Simulator):
             args = {**(mail.get("custom_args") or {}), **(person.get("custom_args") or {})}
             for to in person.get("to") or []:
                 stats.accept(to["email"], msg_id, args.get("delivery_id"), self.config.record_ids)
+                if self.config.record_ids:
+                    headers = {**(mail.get("headers") or {}), **(person.get("headers") or {})}
+                    content = mail.get("content") or []
+                    stats.messages[to["email"]] = {"headers": headers, "content": content}
                 self._events(msg_id, to["email"], args, mail.get("categories"))
         if faults.hang():
             return HANG

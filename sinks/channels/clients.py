@@ -37,6 +37,7 @@ Factory = Callable[[], Sender]
 
 def default_factories(redis_url: str) -> dict[str, Factory]:
     """Clients configured from the environment (see sinks/providers/config.py)."""
+    from herald.config import LinksSettings
     from sinks.providers import (
         ApnsClient,
         ApnsConfig,
@@ -55,7 +56,7 @@ def default_factories(redis_url: str) -> dict[str, Factory]:
         "fcm": lambda: FcmClient(FcmConfig()),
         "sms_a": lambda: TwilioClient(TwilioConfig()),
         "sms_b": lambda: VonageClient(VonageConfig()),
-        "email": lambda: SendGridClient(SendGridConfig()),
+        "email": lambda: SendGridClient(SendGridConfig(), LinksSettings()),
         "inbox": lambda: InboxClient(redis_url),
     }
 

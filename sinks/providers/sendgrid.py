@@ -10,17 +10,26 @@ Outcome map (PROVIDERS.md §6):
     429                 RateLimited (Retry-After, else X-RateLimit-Reset)
     401, 403            PlatformError
     5xx                 Retryable
-Bounces, spam reports and unsubscribes (TokenDead) arrive as webhook events, not here.
+Bounces, spam reports and unsubscribes arrive as webhook events, not here.
+
+Marketing and social mail (every category but transactional) carries a one-click unsubscribe
+(RFC 8058) when `links` has a base URL: `List-Unsubscribe: <URL>` and `List-Unsubscribe-Post:
+List-Unsubscribe=One-Click` headers, and the same URL as a link at the end of the body; the URL
+(herald/links.py) records `<category>:email` in the user's preferences when POSTed
+(api/routes/unsubscribe.py).
 """
 
 from __future__ import annotations
 
+import html
 import time
 from typing import Any
 
 import httpx
 import orjson
 
+from herald.config import LinksSettings
+from herald.links import unsubscribe_url
 from herald.outcomes import Accepted, Outcome, Permanent, PlatformError, RateLimited, Retryable
 from sinks.providers.base import Delivery, ProviderClient, parse_retry_after
 from sinks.providers.config import SendGridConfig
@@ -33,9 +42,10 @@ class SendGridClient(ProviderClient):
 
     provider = "email"
 
-    def __init__(self, config: SendGridConfig) -> None:
+    def __init__(self, config: SendGridConfig, links: LinksSettings | None = None) -> None:
         super().__init__(config)
         self.sendgrid = config
+        self._links = links if links is not None and links.base_url else None
         self._headers = {
             "authorization": f"Bearer {config.api_key.get_secret_value()}",
             "content-type": "application/json",
@@ -64,7 +74,25 @@ class SendGridClient(ProviderClient):
         }
         if delivery.get("notification_type"):
             mail["categories"] = [str(delivery["notification_type"])]
+        category = str(delivery.get("category") or "transactional")
+        if self._links is not None and category != "transactional":
+            self._unsubscribe(mail, self._links, str(delivery.get("user_id")), category)
         return mail
+
+    @staticmethod
+    def _unsubscribe(mail: dict[str, Any], links: LinksSettings, user: str, category: str) -> None:
+        """RFC 8058 headers and a link in each body part (see the module docstring)."""
+        assert links.base_url is not None
+        url = unsubscribe_url(links.base_url, links.secret_bytes(), user, f"{category}:email")
+        mail["headers"] = {
+            "List-Unsubscribe": f"<{url}>",
+            "List-Unsubscribe-Post": "List-Unsubscribe=One-Click",
+        }
+        for part in mail["content"]:
+            if part["type"] == "text/html":
+                part["value"] += f'<p><a href="{html.escape(url)}">Unsubscribe</a></p>'
+            else:
+                part["value"] += f"\n\nUnsubscribe: {url}"
 
     async def _send(self, delivery: Delivery, start: float) -> Outcome:
         if not delivery.get("address"):

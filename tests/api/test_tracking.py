@@ -6,8 +6,8 @@ from datetime import UTC, datetime
 
 import redis
 
-from api.tracking import click_url, open_pixel_url
 from herald import ids
+from herald.links import click_url, open_pixel_url
 from herald.status_keys import status_entry, status_key
 from tests.api.conftest import RunningApi
 
@@ -17,7 +17,7 @@ DELIVERY = {"delivery_id": "d-1", "notification_id": "n-1", "user_id": "u-1",
 
 
 def secret(api: RunningApi) -> bytes:
-    return api.app.state.herald.api.tracking_secret.get_secret_value().encode()
+    return api.app.state.herald.settings.links.secret_bytes()
 
 
 def test_open_pixel_emits_opened(api: RunningApi) -> None:
@@ -75,7 +75,7 @@ def test_click_redirects_to_the_signed_url_only(api: RunningApi) -> None:
 def test_unsafe_targets_cannot_be_signed(api: RunningApi) -> None:
     import pytest
 
-    from api.tracking import BadToken
+    from herald.links import BadToken
 
     for target in ("javascript:alert(1)", "//evil.example", "/relative"):
         with pytest.raises(BadToken):

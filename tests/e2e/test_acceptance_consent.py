@@ -1,6 +1,6 @@
 """Time and consent through the running stack: a send scheduled into the user's quiet hours
 waits for their end; an email unsubscribe opts the user out of marketing email while their
-password resets still arrive.
+password resets still arrive; marketing email carries a one-click unsubscribe (RFC 8058).
 """
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
+
+import httpx
 
 from herald.stackclient import ApiError, StackClient
 from tests.e2e._helpers import REACHED, UserPool, email_of, sim_log, wait_events
@@ -106,3 +108,26 @@ def test_an_unsubscribe_opts_out_of_marketing_email_and_resets_still_arrive(
     # since the simulator's reset (after the first promo): the password reset, no second promo
     mails = [a for _t, a, _outcome in sim_log(client, "email") if a == email_of(user)]
     assert len(mails) == 1
+
+
+def test_marketing_email_has_a_one_click_unsubscribe_that_records_the_opt_out(
+    e2e: E2EStack, pool: UserPool
+) -> None:
+    """RFC 8058 headers at the email provider; POSTing their URL (as a mail client does)
+    opts the user out of marketing email."""
+    client = e2e.client
+    (user,) = pool.take(1)
+    nid = client.send(_promo(uuid.uuid4().hex[:8], user))
+    client.wait_for(nid, "email", REACHED, timeout=60)
+    message = client.sim("email").stats()["messages"][email_of(user)]
+    headers = message["headers"]
+    assert headers["List-Unsubscribe-Post"] == "List-Unsubscribe=One-Click"
+    url = headers["List-Unsubscribe"].removeprefix("<").removesuffix(">")
+    assert all(url in part["value"] for part in message["content"])  # and a link in the body
+    assert _preferences(client, user)["category_channel_opt_out"] == []
+    resp = httpx.post(
+        url, content=b"List-Unsubscribe=One-Click", timeout=30,
+        headers={"content-type": "application/x-www-form-urlencoded"},
+    )  # fmt: skip
+    assert resp.status_code == 200, resp.text
+    assert _preferences(client, user)["category_channel_opt_out"] == ["marketing:email"]

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from pydantic import SecretStr
 
+from herald.config import LinksSettings
+from herald.links import verify
 from herald.outcomes import (
     Accepted,
     Outcome,
@@ -102,3 +105,26 @@ def test_timeout_after_accept_is_unknown(email: RunningSimulator) -> None:
         lambda: SendGridClient(sendgrid_config(email, timeout_s=0.5)), delivery(EMAIL)
     )
     assert isinstance(outcome, Unknown)
+
+
+def test_marketing_mail_carries_a_one_click_unsubscribe(email: RunningSimulator) -> None:
+    """RFC 8058: List-Unsubscribe (the signed URL) and List-Unsubscribe-Post headers, and the
+    same URL in the body; transactional mail has neither."""
+    links = LinksSettings(base_url="https://notify.example", secret=SecretStr("s3cret"))
+    promo = delivery("promo@example.com", channel="email", category="marketing", user_id="u-7")
+    reset = delivery("reset@example.com", channel="email", user_id="u-7")
+
+    async def body(client: ProviderClient) -> list[Outcome]:
+        return [await client.send(promo), await client.send(reset)]
+
+    outcomes = send_with(lambda: SendGridClient(sendgrid_config(email), links), body)
+    assert all(isinstance(o, Accepted) for o in outcomes)
+    messages = email.stats()["messages"]
+    headers = messages["promo@example.com"]["headers"]
+    assert headers["List-Unsubscribe-Post"] == "List-Unsubscribe=One-Click"
+    url = headers["List-Unsubscribe"].removeprefix("<").removesuffix(">")
+    token = url.removeprefix("https://notify.example/v1/unsubscribe/")
+    assert verify(b"s3cret", "u", token) == {"u": "u-7", "k": "marketing:email"}
+    assert all(url in part["value"] for part in messages["promo@example.com"]["content"])
+    assert messages["reset@example.com"]["headers"] == {}
+    assert "unsubscribe" not in str(messages["reset@example.com"]["content"]).lower()

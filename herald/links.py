@@ -1,13 +1,17 @@
-"""Signed tracking tokens for email open pixels and click redirects.
+"""Signed links in emails: open pixels, click redirects and one-click unsubscribes.
 
-    token = base64url(JSON claims) "." base64url(HMAC-SHA256(secret, "o|" or "c|" + claims))
+    token = base64url(JSON claims) "." base64url(HMAC-SHA256(secret, kind + "|" + claims))
 
-Claims: `d` delivery_id, `n` notification_id, `u` user_id, `t` tenant_id, `y` notification type,
-`c` traffic class, and for clicks `l` the target URL (http/https only). The kind is part of the
-MAC, so an open token cannot be replayed as a click. A click redirects only to the URL inside a
-valid token: there is no URL parameter, so the endpoint is never an open redirect.
+Kinds: "o" open, "c" click, "u" unsubscribe. Open and click claims: `d` delivery_id, `n`
+notification_id, `u` user_id, `t` tenant_id, `y` notification type, `c` traffic class, and for
+clicks `l` the target URL (http/https only). Unsubscribe claims: `u` user_id and `k` the
+"category:channel" opt-out it records. The kind is part of the MAC, so an open token cannot be
+replayed as a click or an unsubscribe. A click redirects only to the URL inside a valid token:
+there is no URL parameter, so the endpoint is never an open redirect.
 
-The email renderer (dispatch) builds links with `open_pixel_url` / `click_url`.
+The secret and the public base URL of the API are `herald.config.LinksSettings` (the API
+verifies, dispatch signs: sinks/providers/sendgrid.py puts the unsubscribe link in marketing
+mail, with RFC 8058's `List-Unsubscribe` and `List-Unsubscribe-Post` headers).
 """
 
 from __future__ import annotations
@@ -21,8 +25,9 @@ from urllib.parse import urlsplit
 
 import orjson
 
-Kind = Literal["o", "c"]
+Kind = Literal["o", "c", "u"]
 MAX_TOKEN = 4096
+_REQUIRED: dict[str, str] = {"o": "dnu", "c": "dnu", "u": "uk"}  # claims every token carries
 
 
 class BadToken(ValueError):
@@ -71,7 +76,8 @@ def verify(secret: bytes, kind: Kind, token: str) -> dict[str, Any]:
         claims = orjson.loads(body)
     except orjson.JSONDecodeError:
         raise BadToken("malformed claims") from None
-    if not isinstance(claims, dict) or not all(isinstance(claims.get(k), str) for k in "dnu"):
+    required = _REQUIRED[kind]
+    if not isinstance(claims, dict) or not all(isinstance(claims.get(k), str) for k in required):
         raise BadToken("missing claims")
     if kind == "c" and not safe_url(str(claims.get("l", ""))):
         raise BadToken("unsafe target")
@@ -94,3 +100,9 @@ def open_pixel_url(base_url: str, secret: bytes, delivery: dict[str, str]) -> st
 def click_url(base_url: str, secret: bytes, delivery: dict[str, str], target: str) -> str:
     """`<base>/t/c/<token>` redirecting to `target`."""
     return f"{base_url.rstrip('/')}/t/c/{sign(secret, 'c', {**_claims(delivery), 'l': target})}"
+
+
+def unsubscribe_url(base_url: str, secret: bytes, user_id: str, entry: str) -> str:
+    """`<base>/v1/unsubscribe/<token>`: records the opt-out `entry` ("marketing:email") of
+    `user_id` when POSTed (RFC 8058 one-click; api/routes/unsubscribe.py)."""
+    return f"{base_url.rstrip('/')}/v1/unsubscribe/{sign(secret, 'u', {'u': user_id, 'k': entry})}"

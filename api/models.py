@@ -238,9 +238,13 @@ def to_request_record(
     traffic_class: TrafficClass,
     accepted_at: datetime,
     source: Literal["api", "producer", "outbox", "digest"] = "api",
+    *,
+    template_version: int | None = None,
 ) -> dict[str, Any]:
     """The `notification_request` record for an accepted API request (traffic_class from the
-    catalog, accepted_at = when it is being made durable)."""
+    catalog, accepted_at = when it is being made durable). `template_version`: the catalog's
+    current version of the type, recorded when the request names none, so a campaign planned
+    across a catalog change renders the version of its accept."""
     return {
         "notification_id": notification_id,
         "request_id": model.request_id,
@@ -251,7 +255,7 @@ def to_request_record(
             "user_ids": list(model.recipients.user_ids or []),
             "segment_id": model.recipients.segment_id,
         },
-        "template_version": model.template_version,
+        "template_version": model.template_version or template_version,
         "params": dict(model.params),
         "channels": list(model.channels) if model.channels is not None else None,
         "locale": model.locale,

@@ -130,6 +130,7 @@ class HeraldProducer:
             cast(TrafficClass, nt.traffic_class),
             when,
             self.source,  # type: ignore[arg-type]
+            template_version=nt.template_version,
         )
         return f"herald.requests.{nt.traffic_class}", record
 

@@ -151,7 +151,10 @@ async def accept(
         if state == "accepted":
             st.metrics.replayed.inc()
             return _accepted(nid, int(held_ms))
-    record = to_request_record(body, nid, tenant.tenant_id, nt.traffic_class, now)  # type: ignore[arg-type]
+    record = to_request_record(
+        body, nid, tenant.tenant_id, nt.traffic_class, now,  # type: ignore[arg-type]
+        template_version=nt.template_version,
+    )  # fmt: skip
     try:
         if otp and outcome != "exists":  # a retry of a request in flight was charged already
             await charge_otp_limits(st, phones, end_user_ip, end_user_device)

@@ -36,6 +36,9 @@ def test_accept_writes_to_the_class_topic_before_202(api: RunningApi) -> None:
     assert key == out["notification_id"]
     assert record["traffic_class"] == "normal" and record["tenant_id"] == "acme"
     assert record["recipients"]["user_ids"] == ["u-1", "u-2"] and record["source"] == "api"
+    # the template version is pinned at accept: the catalog's current one, as none was named
+    current = api.app.state.herald.catalog.get("order_shipped").template_version
+    assert record["template_version"] == current >= 1
 
 
 def test_class_comes_from_the_catalog(api: RunningApi) -> None:

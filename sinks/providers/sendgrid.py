@@ -12,7 +12,10 @@ Outcome map (PROVIDERS.md §6):
     5xx                 Retryable
 Bounces, spam reports and unsubscribes arrive as webhook events, not here.
 
-Marketing and social mail (every category but transactional) carries a one-click unsubscribe
+Every email is sent as HTML (the rendered body) with a plain-text part. With `links` (a base URL),
+each http(s) link of the HTML goes through a signed click redirect and an open pixel ends it
+(herald/links.py; the API turns them into CLICKED and OPENED events of the delivery). Marketing
+and social mail (every category but transactional) also carries a one-click unsubscribe
 (RFC 8058) when `links` has a base URL: `List-Unsubscribe: <URL>` and `List-Unsubscribe-Post:
 List-Unsubscribe=One-Click` headers, and the same URL as a link at the end of the body; the URL
 (herald/links.py) records `<category>:email` in the user's preferences when POSTed
@@ -22,6 +25,7 @@ List-Unsubscribe=One-Click` headers, and the same URL as a link at the end of th
 from __future__ import annotations
 
 import html
+import re
 import time
 from typing import Any
 
@@ -29,7 +33,7 @@ import httpx
 import orjson
 
 from herald.config import LinksSettings
-from herald.links import unsubscribe_url
+from herald.links import click_url, open_pixel_url, safe_url, unsubscribe_url
 from herald.outcomes import Accepted, Outcome, Permanent, PlatformError, RateLimited, Retryable
 from sinks.providers.base import Delivery, ProviderClient, parse_retry_after
 from sinks.providers.config import SendGridConfig
@@ -55,9 +59,12 @@ class SendGridClient(ProviderClient):
         cfg = self.sendgrid
         rendered: dict[str, Any] = delivery.get("rendered") or {}
         data: dict[str, Any] = rendered.get("data") or {}
-        content = [{"type": "text/plain", "value": str(rendered.get("body", ""))}]
-        if data.get("html"):
-            content.append({"type": "text/html", "value": str(data["html"])})
+        body = str(rendered.get("body", ""))
+        page = str(data.get("html") or body)  # the rendered email body is HTML (herald/render.py)
+        plain = body if data.get("html") else _text_of(body)
+        if self._links is not None:
+            page = _tracked(page, delivery, self._links)
+        content = [{"type": "text/plain", "value": plain}, {"type": "text/html", "value": page}]
         sender: dict[str, str] = {"email": cfg.from_email}
         if cfg.from_name:
             sender["name"] = cfg.from_name
@@ -119,6 +126,36 @@ class SendGridClient(ProviderClient):
         if status in (401, 403):
             return PlatformError(reason, **kw)
         return Permanent(reason, **kw)
+
+
+_LINK = re.compile(r'href="(https?://[^"]+)"', re.IGNORECASE)
+_TAG = re.compile(r"<[^>]+>")
+
+
+def _text_of(page: str) -> str:
+    """The plain-text part of an HTML body: its text, tags dropped, entities decoded."""
+    return html.unescape(_TAG.sub("", page.replace("</p>", "</p>\n"))).strip()
+
+
+def _tracked(page: str, delivery: Delivery, links: LinksSettings) -> str:
+    """`page` with each http(s) link through a signed click redirect and an open pixel at the
+    end (herald/links.py: the API records CLICKED / OPENED events for the delivery)."""
+    assert links.base_url is not None
+    base, secret = links.base_url, links.secret_bytes()
+    claims = {k: str(delivery.get(k) or "") for k in _CLAIMS}
+
+    def redirect(match: re.Match[str]) -> str:
+        target = html.unescape(match.group(1))
+        if not safe_url(target):
+            return match.group(0)
+        return f'href="{html.escape(click_url(base, secret, claims, target))}"'
+
+    pixel = html.escape(open_pixel_url(base, secret, claims))
+    return _LINK.sub(redirect, page) + f'<img src="{pixel}" width="1" height="1" alt="">'
+
+
+_CLAIMS = ("delivery_id", "notification_id", "user_id", "tenant_id", "notification_type",
+           "traffic_class")  # fmt: skip
 
 
 def _retry_after(resp: httpx.Response) -> float | None:

@@ -128,3 +128,25 @@ def test_marketing_mail_carries_a_one_click_unsubscribe(email: RunningSimulator)
     assert all(url in part["value"] for part in messages["promo@example.com"]["content"])
     assert messages["reset@example.com"]["headers"] == {}
     assert "unsubscribe" not in str(messages["reset@example.com"]["content"]).lower()
+
+
+def test_links_are_tracked_and_an_open_pixel_ends_the_html(email: RunningSimulator) -> None:
+    links = LinksSettings(base_url="https://notify.example", secret=SecretStr("s3cret"))
+    page = '<p>Your order <a href="https://shop.example/o?id=42&amp;x=1">is here</a>.</p>'
+    rendered = {"title": "Shipped", "body": page, "subject": "Shipped", "data": {}}
+    mail = delivery("track@example.com", channel="email", rendered=rendered)
+    outcome = send_one(lambda: SendGridClient(sendgrid_config(email), links), mail)
+    assert isinstance(outcome, Accepted)
+    plain, html_part = email.stats()["messages"]["track@example.com"]["content"]
+    assert plain == {"type": "text/plain", "value": "Your order is here."}
+    value = html_part["value"]
+    assert "shop.example" not in value  # the link goes through the redirect
+    click = value.split('href="')[1].split('"')[0]
+    token = click.removeprefix("https://notify.example/t/c/")
+    claims = verify(b"s3cret", "c", token)
+    assert claims["l"] == "https://shop.example/o?id=42&x=1"
+    assert claims["d"] == mail["delivery_id"] and claims["u"] == mail["user_id"]
+    pixel = value.split('<img src="')[1].split('"')[0]
+    assert pixel.startswith("https://notify.example/t/o/") and pixel.endswith(".gif")
+    opened = verify(b"s3cret", "o", pixel.removeprefix("https://notify.example/t/o/")[:-4])
+    assert opened["d"] == mail["delivery_id"]

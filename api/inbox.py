@@ -1,7 +1,9 @@
 """The in-app inbox in Redis: bounded per user, newest first, unread set, pub/sub for pushes.
 
 Layout (api/keys.py): `inbox:{user}:items` zset (item_id by created_at ms), `inbox:{user}:data`
-hash (item_id → JSON), `inbox:{user}:unread` set, channel `inbox:{user}:events`.
+hash (item_id → JSON), `inbox:{user}:unread` set, `inbox:{user}:undelivered` set (items no app
+has fetched or been pushed yet: `take_undelivered` says which of a page are delivered now, for
+the DELIVERED event), channel `inbox:{user}:events`.
 
 `add_inbox_item` is what the dispatch inbox sink calls (sync client, at-least-once safe: an
 item_id seen before is ignored, so use the delivery_id). It keeps the newest `max_items`
@@ -28,6 +30,7 @@ _ADD_SCRIPT = """
 if redis.call('HSETNX', KEYS[2], ARGV[1], ARGV[3]) == 0 then return -1 end
 redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
 redis.call('SADD', KEYS[3], ARGV[1])
+redis.call('SADD', KEYS[4], ARGV[1])
 local n = redis.call('ZCARD', KEYS[1])
 local max = tonumber(ARGV[4])
 if n > max then
@@ -36,6 +39,7 @@ if n > max then
   for _, id in ipairs(old) do
     redis.call('HDEL', KEYS[2], id)
     redis.call('SREM', KEYS[3], id)
+    redis.call('SREM', KEYS[4], id)
   end
 end
 local unread = redis.call('SCARD', KEYS[3])
@@ -47,13 +51,16 @@ return unread
 def inbox_item(
     item_id: str, title: str, body: str, created_at_ms: int, *,
     notification_id: str | None = None, notification_type: str | None = None,
-    data: dict[str, str] | None = None,
+    data: dict[str, str] | None = None, tenant_id: str | None = None,
+    traffic_class: str | None = None,
 ) -> dict[str, Any]:  # fmt: skip
-    """An inbox item in the stored shape."""
+    """An inbox item in the stored shape (tenant and class: for its delivered and read
+    events, api/engagement.py)."""
     return {
         "item_id": item_id, "notification_id": notification_id,
         "notification_type": notification_type, "title": title, "body": body,
-        "data": data or {}, "created_at": created_at_ms,
+        "data": data or {}, "created_at": created_at_ms, "tenant_id": tenant_id,
+        "traffic_class": traffic_class,
     }  # fmt: skip
 
 
@@ -64,10 +71,11 @@ def add_inbox_item(
     return int(
         client.eval(  # type: ignore[no-untyped-call]
             _ADD_SCRIPT,
-            3,
+            4,
             keys.inbox_items(user_id),
             keys.inbox_data(user_id),
             keys.inbox_unread(user_id),
+            keys.inbox_undelivered(user_id),
             item["item_id"],
             int(item["created_at"]),
             orjson.dumps(item),
@@ -84,10 +92,11 @@ async def add_inbox_item_async(
     return int(
         await client.eval(
             _ADD_SCRIPT,
-            3,
+            4,
             keys.inbox_items(user_id),
             keys.inbox_data(user_id),
             keys.inbox_unread(user_id),
+            keys.inbox_undelivered(user_id),
             item["item_id"],
             int(item["created_at"]),
             orjson.dumps(item),
@@ -148,23 +157,44 @@ async def publish_unread(client: AsyncRedis, user_id: str, unread: int) -> None:
     )
 
 
-async def mark_read(client: AsyncRedis, user_id: str, item_id: str) -> int | None:
-    """Mark one item read; returns the unread count, None when the item does not exist."""
-    if not await client.hexists(keys.inbox_data(user_id), item_id):
+async def mark_read(
+    client: AsyncRedis, user_id: str, item_id: str
+) -> tuple[int, dict[str, Any] | None] | None:
+    """Mark one item read: (the unread count, the item if it was unread until now); None when
+    the item does not exist."""
+    raw = await client.hget(keys.inbox_data(user_id), item_id)
+    if raw is None:
         return None
     pipe = client.pipeline(transaction=True)
     pipe.srem(keys.inbox_unread(user_id), item_id)
     pipe.scard(keys.inbox_unread(user_id))
-    _, unread = await pipe.execute()
+    removed, unread = await pipe.execute()
     await publish_unread(client, user_id, int(unread))
-    return int(unread)
+    return int(unread), (orjson.loads(raw) if removed else None)
 
 
-async def mark_all_read(client: AsyncRedis, user_id: str) -> int:
-    """Mark every item read; returns 0."""
-    await client.delete(keys.inbox_unread(user_id))
+async def mark_all_read(client: AsyncRedis, user_id: str) -> list[dict[str, Any]]:
+    """Mark every item read; returns the items that were unread."""
+    pipe = client.pipeline(transaction=True)
+    pipe.smembers(keys.inbox_unread(user_id))
+    pipe.delete(keys.inbox_unread(user_id))
+    ids, _ = await pipe.execute()
     await publish_unread(client, user_id, 0)
-    return 0
+    if not ids:
+        return []
+    raw = await client.hmget(keys.inbox_data(user_id), sorted(str(i) for i in ids))
+    return [orjson.loads(r) for r in raw if r is not None]
+
+
+async def take_undelivered(client: AsyncRedis, user_id: str, item_ids: list[str]) -> set[str]:
+    """Which of `item_ids` no app had received before (now delivered: removed from the set)."""
+    if not item_ids:
+        return set()
+    pipe = client.pipeline(transaction=False)
+    for item_id in item_ids:
+        pipe.srem(keys.inbox_undelivered(user_id), item_id)
+    removed = await pipe.execute()
+    return {i for i, n in zip(item_ids, removed, strict=True) if n}
 
 
 async def unread_count(client: AsyncRedis, user_id: str) -> int:

@@ -31,6 +31,7 @@ user's keys live in one slot and multi-key scripts on them work on a cluster.
     inbox:{user}:items          zset    item_id scored by created_at ms (newest = highest)
     inbox:{user}:data           hash    item_id -> JSON inbox item
     inbox:{user}:unread         set     unread item ids (SCARD = unread count)
+    inbox:{user}:undelivered    set     item ids no app has fetched or been pushed yet
     inbox:{user}:events         pubsub  channel: {"type": "item"|"unread", ...} for WebSockets
 
 The copies (`prefs:{user}`, `cp:{user}`) are written with `COPY_IF_NEWER` by the API after
@@ -104,6 +105,10 @@ def inbox_data(user_id: str) -> str:
 
 def inbox_unread(user_id: str) -> str:
     return f"inbox:{{{user_id}}}:unread"
+
+
+def inbox_undelivered(user_id: str) -> str:
+    return f"inbox:{{{user_id}}}:undelivered"
 
 
 def inbox_channel(user_id: str) -> str:

@@ -9,6 +9,11 @@
 The WebSocket authenticates like the rest (X-API-Key / Bearer; browsers, which cannot set
 headers on a WebSocket, may pass `?api_key=`), needs scope inbox:read, sends the unread count
 first, then every event published on the user's channel.
+
+Engagement (api/engagement.py): an item an app fetched (a listed page) or was pushed (over the
+WebSocket) for the first time is DELIVERED; an item marked read (one, or all) is READ, after its
+DELIVERED if no app had received it before. The events go to herald.delivery-events, where the
+receipts job folds them into the delivery's state (no more DELIVERY_UNKNOWN for an item seen).
 """
 
 from __future__ import annotations
@@ -18,12 +23,14 @@ import contextlib
 import logging
 from typing import Annotated, Any
 
+import orjson
 from fastapi import APIRouter, Path, Query, Request, WebSocket, WebSocketDisconnect
 from fastapi.responses import Response
 from pydantic import BaseModel
 from redis.exceptions import RedisError
 
 from api import inbox, keys
+from api.engagement import Engagement, emit
 from api.problems import ProblemError, dumps, problem_responses
 from api.state import AppState, guarded, redis_unavailable
 
@@ -76,9 +83,33 @@ async def list_inbox(
         raise ProblemError(400, "invalid_cursor", "cursor is not one this API returned")
     try:
         items, next_cursor, unread = await inbox.list_items(st.redis, user_id, limit, position)
+        await _delivered(st, user_id, items, "fetch")
     except RedisError as exc:
         raise redis_unavailable(st, exc) from exc
     return _json({"items": items, "next_cursor": next_cursor, "unread": unread})
+
+
+def _engagement(user_id: str, item: dict[str, Any], via: str) -> Engagement:
+    return Engagement(
+        str(item["item_id"]), str(item.get("notification_id") or ""), user_id, "inapp",
+        str(item.get("tenant_id") or ""), str(item.get("notification_type") or ""),
+        str(item.get("traffic_class") or ""), {"source": "inbox", "via": via},
+    )  # fmt: skip
+
+
+async def _delivered(st: AppState, user_id: str, items: list[dict[str, Any]], via: str) -> None:
+    """DELIVERED for the items no app had received before."""
+    new = await inbox.take_undelivered(st.redis, user_id, [str(i["item_id"]) for i in items])
+    for item in items:
+        if item["item_id"] in new:
+            await emit(st, _engagement(user_id, item, via), "DELIVERED", "delivered")
+
+
+async def _read(st: AppState, user_id: str, items: list[dict[str, Any]]) -> None:
+    """READ for items just marked read (DELIVERED first when no app had received them)."""
+    await _delivered(st, user_id, items, "read")
+    for item in items:
+        await emit(st, _engagement(user_id, item, "read"), "READ", "read")
 
 
 @router.post(
@@ -88,9 +119,10 @@ async def list_inbox(
 async def read_all(user_id: UserId, request: Request) -> Response:
     st, _ = await guarded(request, "inbox:write")
     try:
-        return _json({"unread": await inbox.mark_all_read(st.redis, user_id)})
+        await _read(st, user_id, await inbox.mark_all_read(st.redis, user_id))
     except RedisError as exc:
         raise redis_unavailable(st, exc) from exc
+    return _json({"unread": 0})
 
 
 @router.post(
@@ -100,12 +132,14 @@ async def read_all(user_id: UserId, request: Request) -> Response:
 async def read_one(user_id: UserId, item_id: ItemId, request: Request) -> Response:
     st, _ = await guarded(request, "inbox:write")
     try:
-        unread = await inbox.mark_read(st.redis, user_id, item_id)
+        marked = await inbox.mark_read(st.redis, user_id, item_id)
+        if marked is not None and marked[1] is not None:
+            await _read(st, user_id, [marked[1]])
     except RedisError as exc:
         raise redis_unavailable(st, exc) from exc
-    if unread is None:
+    if marked is None:
         raise ProblemError(404, "inbox_item_not_found", "no such item in this inbox")
-    return _json({"unread": unread})
+    return _json({"unread": marked[0]})
 
 
 @router.get(
@@ -144,6 +178,7 @@ async def inbox_ws(websocket: WebSocket, user_id: str) -> None:
                 msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=0.5)
                 if msg is not None and msg.get("type") == "message":
                     await websocket.send_text(str(msg["data"]))
+                    await _pushed(st, user_id, msg["data"])
         finally:
             reader.cancel()
     except (WebSocketDisconnect, RedisError, RuntimeError) as exc:
@@ -152,6 +187,14 @@ async def inbox_ws(websocket: WebSocket, user_id: str) -> None:
         with contextlib.suppress(Exception):
             await pubsub.unsubscribe()
             await pubsub.aclose()
+
+
+async def _pushed(st: AppState, user_id: str, data: Any) -> None:
+    """An item pushed over the WebSocket is delivered."""
+    with contextlib.suppress(orjson.JSONDecodeError, TypeError, KeyError):
+        event = orjson.loads(data)
+        if event.get("type") == "item" and isinstance(event.get("item"), dict):
+            await _delivered(st, user_id, [event["item"]], "websocket")
 
 
 async def _drain(websocket: WebSocket) -> None:

@@ -6,11 +6,8 @@ never on the user's critical path; a refused record is counted and logged). Even
 deterministic (`ids.event_id`), so repeated opens collapse into one event and repeated clicks
 on the same link into one per link. No API key: the signature is the authorization.
 
-An open or click belongs to the delivery's latest generation (a DLQ replay, herald.dlq): the
-token was signed at plan time and cannot say which send the mail came from, so the route reads
-the generation from the delivery's hot status (one HGET). A failed send is never opened, so
-after a replay the email being read is the replay's. Without Redis, or without a status entry,
-the event is generation 0 (logged): tracking never fails on it.
+An open or click belongs to the delivery's latest generation (api/engagement.py: the token
+cannot say which send the mail came from).
 """
 
 from __future__ import annotations
@@ -21,15 +18,12 @@ import logging
 from typing import Annotated
 from urllib.parse import urlsplit
 
-import orjson
 from fastapi import APIRouter, Path, Request
 from fastapi.responses import Response
-from redis.exceptions import RedisError
 
-from api import keys
+from api.engagement import Engagement, emit
 from api.problems import ProblemError, problem_responses
-from api.state import AppState, now_utc, state_of
-from herald import ids
+from api.state import AppState, state_of
 from herald import links as tracking
 
 log = logging.getLogger(__name__)
@@ -40,46 +34,17 @@ _NO_STORE = {"Cache-Control": "no-store, max-age=0", "Referrer-Policy": "no-refe
 Token = Annotated[str, Path(min_length=3, max_length=tracking.MAX_TOKEN)]
 
 
-async def _generation(st: AppState, claims: dict[str, str]) -> int:
-    """The generation of the delivery's hot status (herald.status_keys); 0 when unknown."""
-    try:
-        entry = await st.redis.hget(keys.status(claims["n"]), claims["d"])
-    except RedisError as exc:
-        log.warning("api.tracking_generation_unknown reason=%s", type(exc).__name__)
-        return 0
-    if entry is None:
-        return 0
-    try:
-        return int(orjson.loads(entry).get("generation") or 0)
-    except (orjson.JSONDecodeError, AttributeError, TypeError, ValueError):
-        log.warning("api.tracking_generation_unknown reason=bad_status_entry")
-        return 0
-
-
 async def _emit(
     st: AppState, kind: str, state: str, claims: dict[str, str], discriminator: str
 ) -> None:
-    now = now_utc()
-    delivery_id = claims["d"]
-    generation = await _generation(st, claims)
     attributes = {"source": "tracking"}
     if "l" in claims:
         attributes["link_host"] = urlsplit(claims["l"]).hostname or ""
-    record = {
-        "event_id": ids.event_id(delivery_id, state, 0, discriminator, generation),
-        "delivery_id": delivery_id, "notification_id": claims["n"], "user_id": claims["u"],
-        "tenant_id": claims.get("t", ""), "notification_type": claims.get("y", ""),
-        "channel": "email", "traffic_class": claims.get("c", ""), "state": state,
-        "reason": None, "provider": None, "provider_msg_id": None, "attempt": 0,
-        "latency_ms": None, "occurred_at": now, "recorded_at": now, "attributes": attributes,
-        "generation": generation,
-    }  # fmt: skip
-    physical, serialize = st.serializers["herald.delivery-events"]
-    if st.producer.produce_nowait(physical, delivery_id, serialize(record)):
-        st.metrics.tracking.labels(kind).inc()
-    else:
-        st.metrics.unavailable.labels("kafka").inc()
-        log.warning("api.tracking_event_dropped kind=%s", kind)
+    of = Engagement(
+        claims["d"], claims["n"], claims["u"], "email", claims.get("t", ""),
+        claims.get("y", ""), claims.get("c", ""), attributes,
+    )  # fmt: skip
+    await emit(st, of, state, kind, discriminator)
 
 
 def _verify(st: AppState, kind: tracking.Kind, token: str) -> dict[str, str]:

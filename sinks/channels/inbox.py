@@ -66,7 +66,8 @@ class InboxClient:
             str(rendered.get("body") or ""), _ms(delivery.get("created_at")),
             notification_id=delivery.get("notification_id"),
             notification_type=delivery.get("notification_type"),
-            data=dict(rendered.get("data") or {}),
+            data=dict(rendered.get("data") or {}), tenant_id=delivery.get("tenant_id"),
+            traffic_class=delivery.get("traffic_class"),
         )  # fmt: skip
         try:
             await add_inbox_item_async(self.redis, str(user), item, self.max_items)

@@ -102,3 +102,46 @@ def test_websocket_needs_a_key_with_inbox_scope(api: RunningApi) -> None:
             raise AssertionError("connection was accepted")
         except Exception as exc:  # rejected handshake or immediate close
             assert "accepted" not in str(exc)
+
+
+def test_fetched_pushed_and_read_items_become_delivered_and_read_events(api: RunningApi) -> None:
+    """A listed page delivers its items once; an item pushed over the WebSocket is delivered;
+    marking read gives READ (after DELIVERED for an item no app had received)."""
+    user = f"u-{uuid.uuid4().hex[:8]}"
+    r = client(api)
+    for i in range(3):
+        item = inbox_item(f"d-{i}", "t", "b", 10 + i, notification_id="n-1",
+                          notification_type="inbox_announcement", tenant_id="acme",
+                          traffic_class="bulk")  # fmt: skip
+        add_inbox_item(r, user, item)
+    with api.client() as http:
+        http.get(f"/v1/users/{user}/inbox", params={"limit": 2})  # d-2, d-1 delivered
+        http.get(f"/v1/users/{user}/inbox", params={"limit": 2})  # nothing new
+        http.post(f"/v1/users/{user}/inbox/d-0/read")  # not fetched: DELIVERED, then READ
+        http.post(f"/v1/users/{user}/inbox/d-0/read")  # already read: nothing
+        http.post(f"/v1/users/{user}/inbox/read-all")  # d-2, d-1: READ
+    ws_url = api.url.replace("http://", "ws://") + f"/v1/users/{user}/inbox/ws"
+    with connect(ws_url, additional_headers={"X-API-Key": FULL_KEY}, open_timeout=5) as ws:
+        json.loads(ws.recv(timeout=5))
+        time.sleep(0.2)
+        add_inbox_item(r, user, inbox_item("d-3", "t", "b", 20, notification_id="n-1"))
+        assert json.loads(ws.recv(timeout=5))["item"]["item_id"] == "d-3"
+        time.sleep(0.5)
+    events = [e for _, e in api.read_topic("herald.delivery-events", 7, settle=1.0)]
+    got = sorted((e["delivery_id"], e["state"], e["attributes"]["via"]) for e in events)
+    assert got == [
+        ("d-0", "DELIVERED", "read"),
+        ("d-0", "READ", "read"),
+        ("d-1", "DELIVERED", "fetch"),
+        ("d-1", "READ", "read"),
+        ("d-2", "DELIVERED", "fetch"),
+        ("d-2", "READ", "read"),
+        ("d-3", "DELIVERED", "websocket"),
+    ]
+    first = next(e for e in events if e["delivery_id"] == "d-1")
+    assert (first["channel"], first["tenant_id"], first["traffic_class"], first["user_id"]) == (
+        "inapp",
+        "acme",
+        "bulk",
+        user,
+    )

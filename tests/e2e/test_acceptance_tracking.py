@@ -1,6 +1,6 @@
-"""The truth loop for email through the running stack: the open pixel and the click redirects
-dispatch puts into every email become OPENED and CLICKED in the delivery's status and in
-ClickHouse."""
+"""The truth loop through the running stack: the open pixel and the click redirects dispatch
+puts into every email become OPENED and CLICKED in the delivery's status and in ClickHouse; an
+in-app item fetched by the app is DELIVERED, marked read it is READ."""
 
 from __future__ import annotations
 
@@ -40,3 +40,25 @@ def test_an_email_opened_and_a_link_clicked_are_recorded(e2e: E2EStack, pool: Us
         time.sleep(1.0)
         states = {e["state"] for e in events(client, nid)}
     assert {"PROVIDER_ACCEPTED", "OPENED", "CLICKED"} <= states, states
+
+
+def test_an_inbox_item_fetched_and_read_is_delivered_then_read(
+    e2e: E2EStack, pool: UserPool
+) -> None:
+    """In-app: PROVIDER_ACCEPTED when stored, DELIVERED once the app fetched it, READ once
+    marked read (never DELIVERY_UNKNOWN for an item seen)."""
+    client = e2e.client
+    (user,) = pool.take(1)
+    nid = client.send({
+        "request_id": f"inbox-{uuid.uuid4().hex[:8]}", "notification_type": "inbox_announcement",
+        "recipients": {"user_ids": [user]},
+        "params": {"title": "New feature", "body": "Dark mode is here"},
+    })  # fmt: skip
+    stored = client.wait_for(nid, "inapp", REACHED, timeout=60)
+    [item] = client.inbox(user)["items"]
+    assert item["notification_id"] == nid
+    assert client.wait_for(nid, "inapp", {"DELIVERED"}, timeout=60)["user_id"] == user
+    resp = client.api.post(f"/v1/users/{user}/inbox/{item['item_id']}/read")
+    assert resp.status_code == 200, resp.text
+    read = client.wait_for(nid, "inapp", {"READ"}, timeout=60)
+    assert read["delivery_id"] == stored["delivery_id"] == item["item_id"]

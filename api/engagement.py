@@ -1,0 +1,86 @@
+"""Engagement events the API records on herald.delivery-events: an email opened or a link
+clicked (api/routes/tracking.py), an in-app item delivered (fetched or pushed over a WebSocket)
+or read (api/routes/inbox.py).
+
+    await emit(st, Engagement(...), state, kind, discriminator)
+
+Event ids are deterministic (`ids.event_id`), so a repeated open, fetch or read collapses into
+one event. The receipts job folds them like provider receipts (herald/states.py: READ, OPENED,
+CLICKED follow DELIVERED), and the warehouse writes them to ClickHouse. They are produced
+without waiting for the ack: engagement is analytics, never on the user's critical path (a
+refused record is counted and logged).
+
+An engagement belongs to the delivery's latest generation (a DLQ replay, herald.dlq): a failed
+send is never opened or read, so after a replay what is being read is the replay's. The
+generation is read from the delivery's hot status (one HGET); without Redis, or without a
+status entry, the event is generation 0 (logged): engagement never fails on it.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import orjson
+from redis.exceptions import RedisError
+
+from api import keys
+from api.state import AppState, now_utc
+from herald import ids
+
+__all__ = ["Engagement", "emit"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Engagement:
+    """The delivery an engagement belongs to."""
+
+    delivery_id: str
+    notification_id: str
+    user_id: str
+    channel: str
+    tenant_id: str = ""
+    notification_type: str = ""
+    traffic_class: str = ""
+    attributes: dict[str, str] = field(default_factory=dict)
+
+
+async def _generation(st: AppState, notification_id: str, delivery_id: str) -> int:
+    """The generation of the delivery's hot status (herald.status_keys); 0 when unknown."""
+    try:
+        entry = await st.redis.hget(keys.status(notification_id), delivery_id)
+    except RedisError as exc:
+        log.warning("api.engagement_generation_unknown reason=%s", type(exc).__name__)
+        return 0
+    if entry is None:
+        return 0
+    try:
+        return int(orjson.loads(entry).get("generation") or 0)
+    except (orjson.JSONDecodeError, AttributeError, TypeError, ValueError):
+        log.warning("api.engagement_generation_unknown reason=bad_status_entry")
+        return 0
+
+
+async def emit(
+    st: AppState, of: Engagement, state: str, kind: str, discriminator: str = ""
+) -> None:
+    """Produce the `state` event of `of` (counted under `kind`: open, click, delivered, read)."""
+    now = now_utc()
+    generation = await _generation(st, of.notification_id, of.delivery_id)
+    record = {
+        "event_id": ids.event_id(of.delivery_id, state, 0, discriminator, generation),
+        "delivery_id": of.delivery_id, "notification_id": of.notification_id,
+        "user_id": of.user_id, "tenant_id": of.tenant_id,
+        "notification_type": of.notification_type, "channel": of.channel,
+        "traffic_class": of.traffic_class, "state": state, "reason": None, "provider": None,
+        "provider_msg_id": None, "attempt": 0, "latency_ms": None, "occurred_at": now,
+        "recorded_at": now, "attributes": of.attributes, "generation": generation,
+    }  # fmt: skip
+    physical, serialize = st.serializers["herald.delivery-events"]
+    if st.producer.produce_nowait(physical, of.delivery_id, serialize(record)):
+        st.metrics.tracking.labels(kind).inc()
+    else:
+        st.metrics.unavailable.labels("kafka").inc()
+        log.warning("api.engagement_event_dropped kind=%s", kind)

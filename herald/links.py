@@ -1,17 +1,19 @@
-"""Signed links in emails: open pixels, click redirects and one-click unsubscribes.
+"""Signed links Herald sends: email open pixels, click redirects and one-click unsubscribes,
+and the "opened" URL in a push's data.
 
     token = base64url(JSON claims) "." base64url(HMAC-SHA256(secret, kind + "|" + claims))
 
-Kinds: "o" open, "c" click, "u" unsubscribe. Open and click claims: `d` delivery_id, `n`
-notification_id, `u` user_id, `t` tenant_id, `y` notification type, `c` traffic class, and for
-clicks `l` the target URL (http/https only). Unsubscribe claims: `u` user_id and `k` the
-"category:channel" opt-out it records. The kind is part of the MAC, so an open token cannot be
-replayed as a click or an unsubscribe. A click redirects only to the URL inside a valid token:
-there is no URL parameter, so the endpoint is never an open redirect.
+Kinds: "o" open, "c" click, "p" push opened, "u" unsubscribe. Open, click and push claims: `d`
+delivery_id, `n` notification_id, `u` user_id, `t` tenant_id, `y` notification type, `c`
+traffic class, and for clicks `l` the target URL (http/https only). Unsubscribe claims: `u`
+user_id and `k` the "category:channel" opt-out it records. The kind is part of the MAC, so an
+open token cannot be replayed as a click or an unsubscribe. A click redirects only to the URL
+inside a valid token: there is no URL parameter, so the endpoint is never an open redirect.
 
 The secret and the public base URL of the API are `herald.config.LinksSettings` (the API
-verifies, dispatch signs: sinks/providers/sendgrid.py puts the unsubscribe link in marketing
-mail, with RFC 8058's `List-Unsubscribe` and `List-Unsubscribe-Post` headers).
+verifies, dispatch signs: sinks/providers/sendgrid.py tracks every email's links and opens and
+puts the unsubscribe link in marketing mail, with RFC 8058's `List-Unsubscribe` and
+`List-Unsubscribe-Post` headers; the APNs and FCM clients put `herald_opened` in the push).
 """
 
 from __future__ import annotations
@@ -20,14 +22,16 @@ import base64
 import binascii
 import hashlib
 import hmac
+from collections.abc import Mapping
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import orjson
 
-Kind = Literal["o", "c", "u"]
+Kind = Literal["o", "c", "p", "u"]
 MAX_TOKEN = 4096
-_REQUIRED: dict[str, str] = {"o": "dnu", "c": "dnu", "u": "uk"}  # claims every token carries
+# the claims every token of a kind carries
+_REQUIRED: dict[str, str] = {"o": "dnu", "c": "dnu", "p": "dnu", "u": "uk"}
 
 
 class BadToken(ValueError):
@@ -84,20 +88,21 @@ def verify(secret: bytes, kind: Kind, token: str) -> dict[str, Any]:
     return claims
 
 
-def _claims(delivery: dict[str, str]) -> dict[str, str]:
+def _claims(delivery: Mapping[str, Any]) -> dict[str, str]:
     return {
-        "d": delivery["delivery_id"], "n": delivery["notification_id"],
-        "u": delivery["user_id"], "t": delivery.get("tenant_id", ""),
-        "y": delivery.get("notification_type", ""), "c": delivery.get("traffic_class", ""),
+        "d": str(delivery["delivery_id"]), "n": str(delivery["notification_id"]),
+        "u": str(delivery["user_id"]), "t": str(delivery.get("tenant_id") or ""),
+        "y": str(delivery.get("notification_type") or ""),
+        "c": str(delivery.get("traffic_class") or ""),
     }  # fmt: skip
 
 
-def open_pixel_url(base_url: str, secret: bytes, delivery: dict[str, str]) -> str:
+def open_pixel_url(base_url: str, secret: bytes, delivery: Mapping[str, Any]) -> str:
     """`<base>/t/o/<token>.gif` for one email delivery."""
     return f"{base_url.rstrip('/')}/t/o/{sign(secret, 'o', _claims(delivery))}.gif"
 
 
-def click_url(base_url: str, secret: bytes, delivery: dict[str, str], target: str) -> str:
+def click_url(base_url: str, secret: bytes, delivery: Mapping[str, Any], target: str) -> str:
     """`<base>/t/c/<token>` redirecting to `target`."""
     return f"{base_url.rstrip('/')}/t/c/{sign(secret, 'c', {**_claims(delivery), 'l': target})}"
 
@@ -106,3 +111,9 @@ def unsubscribe_url(base_url: str, secret: bytes, user_id: str, entry: str) -> s
     """`<base>/v1/unsubscribe/<token>`: records the opt-out `entry` ("marketing:email") of
     `user_id` when POSTed (RFC 8058 one-click; api/routes/unsubscribe.py)."""
     return f"{base_url.rstrip('/')}/v1/unsubscribe/{sign(secret, 'u', {'u': user_id, 'k': entry})}"
+
+
+def push_opened_url(base_url: str, secret: bytes, delivery: Mapping[str, Any]) -> str:
+    """`<base>/t/p/<token>`: the app POSTs it when the user opens the push (READ, reason
+    opened); dispatch puts it into the push's data as `herald_opened`."""
+    return f"{base_url.rstrip('/')}/t/p/{sign(secret, 'p', _claims(delivery))}"

@@ -1,4 +1,5 @@
-"""Email tracking: GET /t/o/{token}.gif (open pixel) and GET /t/c/{token} (click redirect).
+"""Tracking: GET /t/o/{token}.gif (email open pixel), GET /t/c/{token} (email click redirect),
+POST /t/p/{token} (push opened: the app reports it with the `herald_opened` URL of the push).
 
 Both verify the HMAC token (herald/links.py; tampered → 400), then emit an OPENED / CLICKED
 `delivery_event` to herald.delivery-events without waiting for the ack (tracking is analytics,
@@ -51,7 +52,7 @@ def _verify(st: AppState, kind: tracking.Kind, token: str) -> dict[str, str]:
     try:
         return tracking.verify(st.settings.links.secret_bytes(), kind, token)
     except tracking.BadToken as exc:
-        st.metrics.tracking_rejected.labels("open" if kind == "o" else "click").inc()
+        st.metrics.tracking_rejected.labels({"o": "open", "c": "click"}.get(kind, "push")).inc()
         raise ProblemError(400, "invalid_tracking_token", str(exc)) from None
 
 
@@ -80,3 +81,20 @@ async def click(token: Token, request: Request) -> Response:
     link = claims["l"]
     await _emit(st, "click", "CLICKED", claims, hashlib.sha256(link.encode()).hexdigest()[:16])
     return Response(status_code=302, headers={"Location": link, **_NO_STORE})
+
+
+@router.post(
+    "/t/p/{token}", status_code=204, responses=problem_responses(400),
+    summary="Push opened: the app reports that the user opened a push",
+)  # fmt: skip
+async def push_opened(token: Token, request: Request) -> Response:
+    """Records READ (via opened) for the push delivery in the token (the `herald_opened` URL
+    of the push's data, herald/links.py)."""
+    st = state_of(request)
+    claims = _verify(st, "p", token)
+    of = Engagement(
+        claims["d"], claims["n"], claims["u"], "push", claims.get("t", ""),
+        claims.get("y", ""), claims.get("c", ""), {"source": "app", "via": "opened"},
+    )  # fmt: skip
+    await emit(st, of, "READ", "push_open")
+    return Response(status_code=204, headers=_NO_STORE)

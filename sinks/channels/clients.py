@@ -52,8 +52,8 @@ def default_factories(redis_url: str) -> dict[str, Factory]:
     )
 
     return {
-        "apns": lambda: ApnsClient(ApnsConfig()),
-        "fcm": lambda: FcmClient(FcmConfig()),
+        "apns": lambda: ApnsClient(ApnsConfig(), links=LinksSettings()),
+        "fcm": lambda: FcmClient(FcmConfig(), links=LinksSettings()),
         "sms_a": lambda: TwilioClient(TwilioConfig()),
         "sms_b": lambda: VonageClient(VonageConfig()),
         "email": lambda: SendGridClient(SendGridConfig(), LinksSettings()),

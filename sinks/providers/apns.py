@@ -29,6 +29,7 @@ import httpx
 import jwt
 import orjson
 
+from herald.config import LinksSettings
 from herald.outcomes import (
     Accepted,
     Outcome,
@@ -42,6 +43,7 @@ from sinks.providers.base import (
     Delivery,
     ProviderClient,
     epoch_seconds,
+    opened_link,
     parse_retry_after,
 )
 from sinks.providers.config import ApnsConfig
@@ -144,9 +146,15 @@ class ApnsClient(ProviderClient):
     provider = "apns"
     http2 = True
 
-    def __init__(self, config: ApnsConfig, signer: ApnsTokenSigner | None = None) -> None:
+    def __init__(
+        self,
+        config: ApnsConfig,
+        signer: ApnsTokenSigner | None = None,
+        links: LinksSettings | None = None,
+    ) -> None:
         super().__init__(config)
         self.apns = config
+        self._opened = opened_link(links)
         self.signer = signer or ApnsTokenSigner(
             config.team_id,
             config.key_id,
@@ -167,6 +175,8 @@ class ApnsClient(ProviderClient):
         else:
             aps, push_type, priority = {"content-available": 1}, "background", "5"
         payload = {**data, "aps": aps, "delivery_id": delivery.get("delivery_id")}
+        if self._opened is not None:
+            payload["herald_opened"] = self._opened(delivery)
         headers = {
             "apns-topic": topic,
             "apns-push-type": push_type,

@@ -18,7 +18,7 @@ import logging
 import ssl
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from email.utils import parsedate_to_datetime
 from types import TracebackType
@@ -26,6 +26,8 @@ from typing import Any, ClassVar
 
 import httpx
 
+from herald.config import LinksSettings
+from herald.links import push_opened_url
 from herald.outcomes import CONNECT_ERROR, Outcome, PlatformError, Retryable, Unknown
 from sinks.providers.config import HttpConfig
 from sinks.providers.h1transport import H1Transport
@@ -61,6 +63,16 @@ def parse_retry_after(value: str | None, now: float | None = None) -> float | No
     except (TypeError, ValueError):
         return None
     return max(0.0, when.timestamp() - (now if now is not None else time.time()))
+
+
+def opened_link(links: LinksSettings | None) -> Callable[[Mapping[str, Any]], str] | None:
+    """For push clients: the delivery's signed "opened" URL the app POSTs when the user opens
+    the push (herald/links.py `push_opened_url`, sent as `herald_opened` in the payload's
+    data); None without a links base URL."""
+    if links is None or not links.base_url:
+        return None
+    base, secret = links.base_url, links.secret_bytes()
+    return lambda delivery: push_opened_url(base, secret, delivery)
 
 
 def epoch_seconds(value: Any) -> float | None:

@@ -27,6 +27,7 @@ import httpx
 import orjson
 from google.oauth2 import service_account
 
+from herald.config import LinksSettings
 from herald.outcomes import (
     Accepted,
     Outcome,
@@ -36,7 +37,13 @@ from herald.outcomes import (
     Retryable,
     TokenDead,
 )
-from sinks.providers.base import Delivery, ProviderClient, epoch_seconds, parse_retry_after
+from sinks.providers.base import (
+    Delivery,
+    ProviderClient,
+    epoch_seconds,
+    opened_link,
+    parse_retry_after,
+)
 from sinks.providers.config import FcmConfig
 from sinks.providers.h2transport import H2Response
 
@@ -67,10 +74,14 @@ class FcmClient(ProviderClient):
     provider = "fcm"
 
     def __init__(
-        self, config: FcmConfig, credentials: service_account.Credentials | None = None
+        self,
+        config: FcmConfig,
+        credentials: service_account.Credentials | None = None,
+        links: LinksSettings | None = None,
     ) -> None:
         super().__init__(config)
         self.fcm = config
+        self._opened = opened_link(links)
         self.credentials = credentials or load_credentials(config)
         project = config.project_id or self.credentials.project_id
         if not project:
@@ -93,6 +104,8 @@ class FcmClient(ProviderClient):
         rendered: dict[str, Any] = delivery.get("rendered") or {}
         data = {str(k): str(v) for k, v in (rendered.get("data") or {}).items()}
         data["delivery_id"] = str(delivery.get("delivery_id"))
+        if self._opened is not None:
+            data["herald_opened"] = self._opened(delivery)
         message: dict[str, Any] = {"token": delivery.get("address"), "data": data}
         notification = {k: rendered[k] for k in ("title", "body") if rendered.get(k)}
         if notification:

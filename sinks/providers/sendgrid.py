@@ -142,20 +142,15 @@ def _tracked(page: str, delivery: Delivery, links: LinksSettings) -> str:
     end (herald/links.py: the API records CLICKED / OPENED events for the delivery)."""
     assert links.base_url is not None
     base, secret = links.base_url, links.secret_bytes()
-    claims = {k: str(delivery.get(k) or "") for k in _CLAIMS}
 
     def redirect(match: re.Match[str]) -> str:
         target = html.unescape(match.group(1))
         if not safe_url(target):
             return match.group(0)
-        return f'href="{html.escape(click_url(base, secret, claims, target))}"'
+        return f'href="{html.escape(click_url(base, secret, delivery, target))}"'
 
-    pixel = html.escape(open_pixel_url(base, secret, claims))
+    pixel = html.escape(open_pixel_url(base, secret, delivery))
     return _LINK.sub(redirect, page) + f'<img src="{pixel}" width="1" height="1" alt="">'
-
-
-_CLAIMS = ("delivery_id", "notification_id", "user_id", "tenant_id", "notification_type",
-           "traffic_class")  # fmt: skip
 
 
 def _retry_after(resp: httpx.Response) -> float | None:

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 import redis
 
 from herald import ids
-from herald.links import click_url, open_pixel_url
+from herald.links import click_url, open_pixel_url, push_opened_url
 from herald.status_keys import status_entry, status_key
 from tests.api.conftest import RunningApi
 
@@ -80,3 +80,18 @@ def test_unsafe_targets_cannot_be_signed(api: RunningApi) -> None:
     for target in ("javascript:alert(1)", "//evil.example", "/relative"):
         with pytest.raises(BadToken):
             click_url(api.url, secret(api), DELIVERY, target)
+
+
+def test_push_opened_is_read(api: RunningApi) -> None:
+    delivery = {**DELIVERY, "delivery_id": "d-push", "notification_type": "new_follower"}
+    url = push_opened_url(api.url, secret(api), delivery).removeprefix(api.url)
+    with api.client(key=None) as http:
+        assert http.post(url).status_code == 204
+        assert http.post(url).status_code == 204  # the app reports twice: one event
+        as_pixel = http.post(url.replace("/t/p/", "/t/p/x"))
+    assert as_pixel.status_code == 400
+    events = api.read_topic("herald.delivery-events", 2)
+    assert {(e["state"], e["channel"], e["attributes"]["via"]) for _, e in events} == {
+        ("READ", "push", "opened")
+    }
+    assert events[0][1]["event_id"] == events[1][1]["event_id"]

@@ -10,7 +10,10 @@ from functools import partial
 from pathlib import Path
 
 import pytest
+from pydantic import SecretStr
 
+from herald.config import LinksSettings
+from herald.links import verify
 from herald.outcomes import (
     Accepted,
     Outcome,
@@ -187,3 +190,13 @@ def test_a_base_url_path_is_kept_by_both_transports(fcm: RunningSimulator) -> No
     outcomes = [send_one(partial(client, t), delivery("tok-1")) for t in ("lean", "httpcore")]
     lean, httpcore = ((type(o), getattr(o, "reason", None), o.status_code) for o in outcomes)
     assert lean == httpcore == (PlatformError, "NOT_FOUND", 404)
+
+
+def test_the_push_carries_its_signed_opened_url(fcm: RunningSimulator) -> None:
+    links = LinksSettings(base_url="https://notify.example", secret=SecretStr("s3cret"))
+    record = delivery("tok", user_id="u-9")
+    message = FcmClient(fcm_config(fcm), links=links)._message(record)["message"]
+    url = message["data"]["herald_opened"]
+    claims = verify(b"s3cret", "p", url.removeprefix("https://notify.example/t/p/"))
+    assert (claims["d"], claims["u"]) == (record["delivery_id"], "u-9")
+    assert "herald_opened" not in FcmClient(fcm_config(fcm))._message(record)["message"]["data"]

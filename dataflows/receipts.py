@@ -13,6 +13,8 @@
                      email disabled in the user's contact points (sinks/addresses.py)
                   -> opt-outs (email unsubscribe, spam report) -> `marketing:email` added to the
                      user's preferences (sinks/consent.py)
+                  -> late failures (a receipt failed an accepted delivery) -> the type's
+                     fallback, as dispatch runs it at send time (sinks/late_fallback.py)
                   -> every receipt event with its outcome -> ClickHouse receipt_events
                   -> receipts no delivery claimed within the TTL -> herald.dead-letters
                      (reason receipt_unmatched; `herald replay` re-drives them)
@@ -47,6 +49,7 @@ from herald.delivery_fold import (
     Emit,
     Fact,
     FoldConfig,
+    LateFailure,
     MsgJoin,
     OptOut,
     Unmatched,
@@ -60,6 +63,7 @@ from sinks.addresses import AddressSink
 from sinks.clickhouse import ClickHouseSink
 from sinks.consent import ConsentSink
 from sinks.kafka import dead_letter, encode_avro, topic_serializer
+from sinks.late_fallback import LateFallbackSink
 from sinks.redis_status import StatusSink
 from sources.kafka import Decoded, kafka_avro_input
 
@@ -287,7 +291,7 @@ def build_flow(
         op.merge("fold_in", events_keyed, receipts_hinted, receipts_joined),
         lambda state: _FoldLogic(cfg, state),
     )  # fmt: skip
-    # (delivery_id, Emit | StatusUpdate | Fact | Unmatched | DeadAddress | OptOut)
+    # (delivery_id, Emit | StatusUpdate | Fact | Unmatched | DeadAddress | LateFailure | OptOut)
     outputs = op.key_rm("fold_unkey", folded)
     op.inspect("count", outputs, _count(metrics))
 
@@ -302,6 +306,8 @@ def build_flow(
     op.output("addresses_out", dead_addresses, AddressSink(settings))
     opt_outs = op.filter("opt_outs", outputs, lambda o: isinstance(o, OptOut))
     op.output("consent_out", opt_outs, ConsentSink(settings))
+    late = op.filter("late_failures", outputs, lambda o: isinstance(o, LateFailure))
+    op.output("late_fallback_out", late, LateFallbackSink(settings))
     facts = op.filter_map("facts", outputs, lambda o: o.row if isinstance(o, Fact) else None)
 
     unmatched = op.merge(

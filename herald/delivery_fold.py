@@ -24,6 +24,8 @@ the owner must call `on_timer(now)`; `expired(now)` says the state may be discar
     Unmatched(event)        a receipt no delivery claimed within its TTL (kept, re-drivable)
     DeadAddress(...)        a receipt said the phone/email the delivery went to is dead
                             (herald.receipts.kills_address): disable that address
+    LateFailure(...)        a receipt failed the delivery after the provider accepted it:
+                            the type's fallback may follow (sinks/late_fallback.py)
     OptOut(...)             an unsubscribe or spam report (herald.receipts.opts_out): the
                             user opts out of marketing on that channel
 """
@@ -43,6 +45,7 @@ from herald.status_keys import StatusUpdate
 __all__ = [
     "Context",
     "DeadAddress",
+    "LateFailure",
     "OptOut",
     "DeliveryFold",
     "Emit",
@@ -108,6 +111,15 @@ class DeadAddress:
 
 
 @dataclass(frozen=True, slots=True)
+class LateFailure:
+    """A receipt failed the delivery after its provider had accepted it (an SMS DLR
+    "undelivered", an email bounce): its type's fallback may take over (sinks/late_fallback.py)."""
+
+    delivery_id: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class OptOut:
     """Add `entry` ("marketing:email") to `user_id`'s category × channel opt-outs
     (herald.receipts.opts_out: an unsubscribe or a spam report; sinks/consent.py)."""
@@ -117,7 +129,7 @@ class OptOut:
     reason: str
 
 
-Output = Emit | StatusUpdate | Fact | Unmatched | DeadAddress | OptOut
+Output = Emit | StatusUpdate | Fact | Unmatched | DeadAddress | LateFailure | OptOut
 
 
 @dataclass(slots=True)
@@ -343,10 +355,14 @@ class DeliveryFold:
         self.seen.add(ev.provider_event_id)
         sent = _answers(ev)
         assert self.ctx is not None
+        before = self.state
         if sent is not None and sent < _generation(self.ctx):
             outcome = str(states.Outcome.STALE)  # answers a send a DLQ replay superseded
         else:
             outcome = self._apply(ev.state or "", ev, None, now, cfg, out)
+        failed = states.State.FAILED_PERMANENT
+        if self.state is failed and before is not failed:
+            out.append(LateFailure(self.ctx.delivery_id, ev.reason or ev.status))
         out.append(Fact(fact_row(ev, outcome, now, self.ctx)))
         # a snapshot taken before Context had the field has no tag: nothing to compare with
         tag = getattr(self.ctx, "address_tag", None)

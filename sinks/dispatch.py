@@ -45,8 +45,9 @@ from schemas.registry import make_registry
 from sinks.channels.clients import Factory, Providers, default_factories
 from sinks.channels.contacts import ContactStore
 from sinks.channels.engine import Dispatcher, Hook
+from sinks.channels.fallback import watch_key, watch_ttl
 from sinks.channels.loop import LoopThread
-from sinks.channels.records import RecordEncoder
+from sinks.channels.records import RecordEncoder, deliveries_topic
 from sinks.channels.sending import ShapedSender
 from sinks.channels.settings import DispatchSettings
 from sinks.channels.work import Outputs
@@ -146,6 +147,7 @@ class DispatchPartition(StatelessSinkPartition[Decoded]):
             out = self.dispatcher.dispatch([(d.message, d.value) for d in part])
             self.producer.submit(self.encoder.encode(out))
             self._cleanups(out)
+            self._watch(out.watched)
             events, retries = events + len(out.events), retries + len(out.retries)
         self.producer.flush()
         ms = (time.perf_counter() - started) * 1000
@@ -162,6 +164,18 @@ class DispatchPartition(StatelessSinkPartition[Decoded]):
                 user_id, channel, address, self._publish_devices, now
             )
             log.info("dispatch.address_disable channel=%s result=%s", channel, result)
+
+    def _watch(self, deliveries: list[dict[str, Any]]) -> None:
+        """Keep accepted deliveries with a cross-channel step for a late failure (one
+        pipelined round trip; sinks/channels/fallback.py)."""
+        if not deliveries:
+            return
+        now = utc_now()
+        pipe = self.redis.pipeline(transaction=False)
+        for d in deliveries:
+            value = self.encoder.serializer(deliveries_topic(d["channel"], d["traffic_class"]))(d)
+            pipe.set(watch_key(d["delivery_id"]), value, ex=watch_ttl(d, now))
+        pipe.execute()
 
     def _publish_devices(self, user_id: str, record: dict[str, Any]) -> None:
         """Produce the new contact points and wait for the ack (before the Redis copy)."""

@@ -58,6 +58,7 @@ from herald.dispatching import (
     retry_policy,
     sent_marker,
 )
+from herald.fallback import has_cross_channel_step
 from herald.guard import AlreadySent, GuardClass, InFlight, Proceed, SendGuard
 from herald.metrics import JobMetrics
 from herald.outcomes import Accepted, Outcome
@@ -275,8 +276,11 @@ class Dispatcher:
             at = self.clock()
             if self._apply(it, decide(outcome, self._ctx(it, at), it.policy), outcome, at, out):
                 again.append(it)
-            elif it.guard_op == "sent" and it.guard is not None and it.guard.two_phase:
-                self._answered.append(it)
+            elif it.guard_op == "sent":
+                if has_cross_channel_step(it.delivery):
+                    out.watched.append(it.delivery)  # a late failure may still fall back
+                if it.guard is not None and it.guard.two_phase:
+                    self._answered.append(it)
 
         deferred = self.sender.send(ready, out.events, settle, self._mark_answered)
         now = self.clock()

@@ -11,6 +11,12 @@ provider of its channel is usable (breaker refused and no same-channel alternate
 provider paused for an auth/config failure). Never after UNKNOWN (the user may have it).
 A push delivery is one device: it falls back only when the user has no other valid device
 (another device was, or will be, served by its own delivery).
+
+Late failures: a delivery the provider accepted can still fail later (an SMS DLR "undelivered",
+an email bounce). Dispatch keeps each accepted delivery that has a cross-channel step under
+`watch_key` (its Avro Delivery value, until its expiry, at most `WATCH_MAX_S`), and the
+receipts job, when a receipt fails it, runs the same `FallbackRouter` with it
+(sinks/late_fallback.py).
 """
 
 from __future__ import annotations
@@ -20,14 +26,30 @@ from datetime import datetime
 from typing import Any
 
 from herald.catalog import Catalog
+from herald.dispatching import instant
 from herald.fallback import Fallback, fall_back, has_cross_channel_step
 from herald.retry import Action, FailPermanent, PausePlatform, Retry, TokenCleanup
 from sinks.channels.contacts import ContactStore
 from sinks.channels.work import Outputs
 
-__all__ = ["FallbackRouter", "ends", "unusable"]
+__all__ = ["WATCH_MAX_S", "FallbackRouter", "ends", "unusable", "watch_key", "watch_ttl"]
+
+WATCH_MAX_S = 3 * 86400  # the longest an accepted delivery is kept for a late failure
 
 log = logging.getLogger(__name__)
+
+
+def watch_key(delivery_id: str) -> str:
+    """Where an accepted delivery with a cross-channel step waits for a late failure."""
+    return f"fbw:{{{delivery_id}}}"
+
+
+def watch_ttl(delivery: dict[str, Any], now: datetime) -> int:
+    """Seconds to keep it: until its expiry (a fallback never follows one), 60 s to
+    `WATCH_MAX_S`."""
+    expire_at = instant(delivery.get("expire_at"))
+    left = WATCH_MAX_S if expire_at is None else (expire_at - now).total_seconds()
+    return int(min(WATCH_MAX_S, max(60.0, left)))
 
 
 def unusable(action: Action) -> str | None:

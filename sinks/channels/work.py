@@ -73,6 +73,8 @@ class Outputs:
     cleanups: list[tuple[str, str]] = field(default_factory=list)  # (user_id, token)
     disables: list[tuple[str, str, str]] = field(default_factory=list)  # (user, channel, address)
     deliveries: list[dict[str, Any]] = field(default_factory=list)  # fallback deliveries
+    # accepted deliveries with a cross-channel fallback step: kept for a late failure
+    watched: list[dict[str, Any]] = field(default_factory=list)
 
     def extend(self, other: Outputs) -> None:
         """Append everything `other` collected."""
@@ -82,3 +84,4 @@ class Outputs:
         self.cleanups.extend(other.cleanups)
         self.disables.extend(other.disables)
         self.deliveries.extend(other.deliveries)
+        self.watched.extend(other.watched)

@@ -24,8 +24,10 @@ from herald.config import HeraldSettings
 from herald.receipts import address_tag
 from herald.status_keys import status_key
 from infra.clickhouse import herald_client
+from sinks.channels.fallback import watch_key
 from tests.dataflows.helpers import consume, decoder, encoder, produce
 from tests.dataflows.test_accepted import Job, assert_no_job_errors
+from tests.schemas.examples import example
 
 pytestmark = pytest.mark.integration
 
@@ -346,3 +348,55 @@ def test_job_process_holds_expires_and_watches(
         ("DELIVERY_UNKNOWN", "no_receipt_in_window")
     ]
     wait_for(lambda: ("sms_a", "delivered", "unmatched", "") in w.facts())
+
+
+PUSH_CONTENT = {"channel": "push", "locale": "en", "template_version": 1,
+                "rendered": {"title": "Login code", "body": "Your code is 424242",
+                             "subject": None, "data": {}}}  # fmt: skip
+
+
+def test_a_late_failure_falls_back_to_the_next_step_once(settings: HeraldSettings) -> None:
+    """An OTP the SMS provider accepted, then reported undelivered: the type's fallback (push,
+    to the user's device) follows once, as at send time; a second failure receipt adds
+    nothing, and the kept delivery is gone."""
+    w = World(settings)
+    client = redis.Redis.from_url(settings.redis.url)
+    user, did = w.d("eve"), w.d("otp")
+    device = {"device_id": "dev-eve", "platform": "apns", "token": "a" * 64, "app_id": None,
+              "registered_at": 0, "valid": True}  # fmt: skip
+    contacts = {"user_id": user, "devices": [device], "phone": None, "email": None,
+                "updated_at": 0, "version": 3}  # fmt: skip
+    client.set(keys.contact_points(user), orjson.dumps(contacts))
+    source = {
+        **example("delivery"), "delivery_id": did, "notification_id": w.nid, "user_id": user,
+        "tenant_id": w.tenant, "notification_type": "otp_login", "category": "transactional",
+        "traffic_class": "transactional", "channel": "sms", "provider": "sms_a",
+        "address": "+15550100", "platform": None, "attempt": 1, "next_attempt_at": None,
+        "not_before": None, "expire_at": datetime.now(UTC) + timedelta(minutes=5),
+        "fallback": ["push"], "fallback_content": [PUSH_CONTENT],
+    }  # fmt: skip
+    kept = encoder(settings, "herald.deliveries.sms.transactional")(source)
+    client.set(watch_key(did), kept)  # as dispatch keeps an accepted delivery with a fallback
+    w.accepted("otp", "sms", "sms_a", f"{w.p}SM9", user=user)
+    w.twilio(f"{w.p}SM9", "undelivered", ErrorCode="30003")
+    w.twilio(f"{w.p}SM9", "undelivered", ErrorCode="30005")  # a second failure: no second one
+
+    run_main(
+        build_flow(settings, bounded=True, receipts=ReceiptsSettings()),
+        epoch_interval=timedelta(milliseconds=200),
+    )
+
+    decode = decoder(settings)
+    pushes = [decode(v) for _k, v in consume(settings, "herald.deliveries.push.transactional")]
+    assert [(d["user_id"], d["address"], d["rendered"]["body"]) for d in pushes] == [
+        (user, "a" * 64, "Your code is 424242")
+    ]
+    assert pushes[0]["delivery_id"] == ids.delivery_id(w.nid, user, "push", "dev-eve")
+    events = [decode(v) for _k, v in consume(settings, EVENTS)]
+    planned = [e for e in events if e["delivery_id"] == pushes[0]["delivery_id"]]
+    assert [(e["state"], e["attributes"]["fallback_cause"]) for e in planned] == [
+        ("PLANNED", "receipt:twilio_30003")
+    ]
+    assert w.status()[did] == "FAILED_PERMANENT"
+    assert client.get(watch_key(did)) is None
+    client.close()

@@ -1,6 +1,7 @@
 """The truth loop through the running stack: the open pixel and the click redirects dispatch
 puts into every email become OPENED and CLICKED in the delivery's status and in ClickHouse; an
-in-app item fetched by the app is DELIVERED, marked read it is READ."""
+in-app item fetched by the app is DELIVERED, marked read it is READ; an SMS the carrier reports
+undelivered falls back to the next step of its type, once."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import uuid
 
 import httpx
 
-from tests.e2e._helpers import REACHED, UserPool, email_of, events
+from tests.e2e._helpers import REACHED, UserPool, accepted_count, email_of, events, otp_body
 from tests.e2e._stack import E2EStack
 
 
@@ -62,3 +63,22 @@ def test_an_inbox_item_fetched_and_read_is_delivered_then_read(
     assert resp.status_code == 200, resp.text
     read = client.wait_for(nid, "inapp", {"READ"}, timeout=60)
     assert read["delivery_id"] == stored["delivery_id"] == item["item_id"]
+
+
+def test_an_sms_reported_undelivered_falls_back_to_push_once(e2e: E2EStack, pool: UserPool) -> None:
+    """otp_login falls back sms -> push: the SMS provider accepts the OTP, then its DLR says
+    undelivered; the push follows, once, to the user's device."""
+    client = e2e.client
+    (user,) = pool.take(1)
+    token = uuid.uuid4().hex * 2
+    client.put_device(user, "apns", token)
+    sms = client.sim("sms_a")
+    sms.configure({"receipts": {"outcomes": {"undelivered:30003": 1.0}}})
+    try:
+        nid = client.send(otp_body(f"late-{uuid.uuid4().hex[:8]}", user))
+        failed = client.wait_for(nid, "sms", {"FAILED_PERMANENT"}, timeout=60)
+        pushed = client.wait_for(nid, "push", REACHED, timeout=60)
+    finally:
+        sms.reset(config=True)
+    assert failed["user_id"] == pushed["user_id"] == user
+    assert accepted_count(client, "apns", token) == 1  # (once: tests/dataflows/test_receipts.py)

@@ -18,6 +18,7 @@ import redis
 from api import keys
 from herald import ids
 from infra.simulators.launcher import RunningSimulator, start_simulator
+from sinks.channels.fallback import watch_ttl
 from tests.conftest import RunningStack
 from tests.sinks.dispatch_helpers import (
     accepted_for,
@@ -88,6 +89,21 @@ def test_sms_rejected_by_both_providers_reaches_the_user_on_push(fresh: dict, ur
     assert states(again) == [("PROVIDER_ACCEPTED", None)]  # re-emitted, not re-sent
     assert accepted_for(fresh["apns"], device) == 1
     assert fresh["sms_b"].stats()["requests"] == 1
+
+
+def test_accepted_deliveries_with_a_fallback_are_kept_for_a_late_failure(
+    fresh: dict, url: str
+) -> None:
+    """An OTP the SMS provider accepted may still fail (a DLR): dispatch hands it over to be
+    kept (sinks/dispatch.py keeps `out.watched` until its expiry); one without a cross-channel
+    step is not kept."""
+    d, plain = otp("+15005550125"), delivery("sms", address="+15005550126", fallback=["sms:sms_b"])
+    with harness(url, factories(fresh, url)) as h:
+        out = h.run([d, plain])
+    assert states(out, d["delivery_id"])[-1] == ("PROVIDER_ACCEPTED", None)
+    assert states(out, plain["delivery_id"])[-1] == ("PROVIDER_ACCEPTED", None)
+    assert [w["delivery_id"] for w in out.watched] == [d["delivery_id"]]
+    assert watch_ttl(out.watched[0], now()) <= 3600  # until the OTP's expiry
 
 
 def test_unknown_outcome_never_falls_back(fresh: dict, url: str) -> None:

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import Request
 from redis.asyncio import Redis
-from redis.exceptions import RedisError
+from redis.exceptions import LockError, RedisError
 
 from api import keys
 from api.auth import Tenant, Tenants
@@ -190,3 +192,20 @@ async def wait_restored(st: AppState) -> None:
                 headers={"Retry-After": "2"},
             )  # fmt: skip
         await asyncio.sleep(RESTORE_POLL_S)
+
+
+@contextlib.asynccontextmanager
+async def user_lock(st: AppState, key: str, busy: str) -> AsyncIterator[None]:
+    """Hold one user's change lock (`keys.prefs_lock`, `keys.contact_points_lock`) for a
+    read-modify-write; 503 `busy` (Retry-After 1) when another change holds it for 5 s, 503
+    `redis_unavailable` when Redis fails."""
+    lock = st.redis.lock(key, timeout=st.api.ack_timeout_seconds + 10, blocking_timeout=5)
+    try:
+        async with lock:
+            yield
+    except LockError as exc:
+        raise ProblemError(
+            503, busy, "another update of this user is in progress", headers={"Retry-After": "1"}
+        ) from exc
+    except RedisError as exc:
+        raise redis_unavailable(st, exc) from exc

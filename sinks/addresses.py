@@ -22,15 +22,15 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from bytewax.outputs import DynamicSink, StatelessSinkPartition
+from bytewax.outputs import DynamicSink
 
 from herald.config import HeraldSettings
 from herald.delivery_fold import DeadAddress
 from herald.receipts import address_tag
 from schemas.registry import make_registry
 from sinks.channels.contacts import ContactStore
-from sinks.dispatch import redis_client
-from sinks.kafka import KafkaProducerSink, KafkaRecord, topic_serializer
+from sinks.kafka import KafkaRecord, topic_serializer
+from sinks.user_changes import UserChangePartition
 
 __all__ = ["AddressSink"]
 
@@ -54,14 +54,13 @@ class AddressSink(DynamicSink[DeadAddress]):
         return _AddressPartition(self.settings, f"{step_id}/w{worker_index}")
 
 
-class _AddressPartition(StatelessSinkPartition[DeadAddress]):
+class _AddressPartition(UserChangePartition[DeadAddress]):
     def __init__(self, settings: HeraldSettings, name: str) -> None:
+        super().__init__(settings, "addresses", name)
         kafka = settings.kafka
-        self.redis = redis_client(settings.redis)
         self.contacts = ContactStore(self.redis, cluster=settings.redis.cluster)
         self.topic = kafka.topic(DEVICES_TOPIC)
         self.serialize = topic_serializer(kafka, make_registry(settings.registry), DEVICES_TOPIC)
-        self.producer = KafkaProducerSink(kafka).build_writer("addresses", name)
 
     def write_batch(self, items: list[DeadAddress]) -> None:
         """Disable each address that still has its tag; returns after Kafka acked the changes."""
@@ -77,10 +76,3 @@ class _AddressPartition(StatelessSinkPartition[DeadAddress]):
         """Produce the new contact points and wait for the ack (before the Redis copy)."""
         self.producer.submit([KafkaRecord(self.topic, user_id, self.serialize(record))])
         self.producer.flush()
-
-    def close(self) -> None:
-        try:
-            self.producer.flush()
-        finally:
-            self.producer.release()
-            self.redis.close()

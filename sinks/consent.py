@@ -31,15 +31,15 @@ from typing import Any, Literal
 
 import orjson
 import redis
-from bytewax.outputs import DynamicSink, StatelessSinkPartition
+from bytewax.outputs import DynamicSink
 
 from api import keys
 from api.models import PreferencesIn, to_preferences_record, with_opt_out
 from herald.config import HeraldSettings
 from herald.delivery_fold import OptOut
 from schemas.registry import make_registry
-from sinks.dispatch import redis_client
-from sinks.kafka import KafkaProducerSink, KafkaRecord, topic_serializer
+from sinks.kafka import KafkaRecord, topic_serializer
+from sinks.user_changes import UserChangePartition
 
 __all__ = ["ConsentSink", "PreferenceStore"]
 
@@ -121,15 +121,14 @@ class ConsentSink(DynamicSink[OptOut]):
         return _ConsentPartition(self.settings, f"{step_id}/w{worker_index}")
 
 
-class _ConsentPartition(StatelessSinkPartition[OptOut]):
+class _ConsentPartition(UserChangePartition[OptOut]):
     def __init__(self, settings: HeraldSettings, name: str) -> None:
+        super().__init__(settings, "consent", name)
         kafka = settings.kafka
-        self.redis = redis_client(settings.redis)
         self.store = PreferenceStore(self.redis, kafka.topic_prefix)
         self.topic = kafka.topic(PREFERENCES_TOPIC)
         registry = make_registry(settings.registry)
         self.serialize = topic_serializer(kafka, registry, PREFERENCES_TOPIC)
-        self.producer = KafkaProducerSink(kafka).build_writer("consent", name)
 
     def write_batch(self, items: list[OptOut]) -> None:
         """Record each opt-out; returns after Kafka acked the changes."""
@@ -143,10 +142,3 @@ class _ConsentPartition(StatelessSinkPartition[OptOut]):
         """Produce the new preferences and wait for the ack (before the Redis copy)."""
         self.producer.submit([KafkaRecord(self.topic, user_id, self.serialize(record))])
         self.producer.flush()
-
-    def close(self) -> None:
-        try:
-            self.producer.flush()
-        finally:
-            self.producer.release()
-            self.redis.close()

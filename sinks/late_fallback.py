@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 from datetime import UTC, datetime
 
-from bytewax.outputs import DynamicSink, StatelessSinkPartition
+from bytewax.outputs import DynamicSink
 
 from herald.catalog import load_catalog
 from herald.config import HeraldSettings
@@ -35,8 +35,7 @@ from sinks.channels.fallback import FallbackRouter, watch_key
 from sinks.channels.records import RecordEncoder
 from sinks.channels.settings import DispatchSettings
 from sinks.channels.work import Outputs
-from sinks.dispatch import redis_client
-from sinks.kafka import KafkaProducerSink
+from sinks.user_changes import UserChangePartition
 
 __all__ = ["LateFallbackSink"]
 
@@ -55,18 +54,17 @@ class LateFallbackSink(DynamicSink[LateFailure]):
         return _LatePartition(self.settings, self.dispatch, f"{step_id}/w{worker_index}")
 
 
-class _LatePartition(StatelessSinkPartition[LateFailure]):
+class _LatePartition(UserChangePartition[LateFailure]):
     def __init__(
         self, settings: HeraldSettings, dispatch: DispatchSettings | None, name: str
     ) -> None:
+        super().__init__(settings, "late-fallback", name)
         cfg = dispatch if dispatch is not None else DispatchSettings()
         registry = make_registry(settings.registry)
-        self.redis = redis_client(settings.redis)
         contacts = ContactStore(self.redis, cluster=settings.redis.cluster)
         self.router = FallbackRouter(load_catalog(cfg.catalog_path), contacts)
         self.decode = AvroDeserializer(registry)
         self.encoder = RecordEncoder(settings, registry)
-        self.producer = KafkaProducerSink(settings.kafka).build_writer("late-fallback", name)
 
     def write_batch(self, items: list[LateFailure]) -> None:
         """Each late failure's fallback, acked by Kafka before its watch key goes."""
@@ -87,10 +85,3 @@ class _LatePartition(StatelessSinkPartition[LateFailure]):
         self.producer.submit(self.encoder.encode(out))
         self.producer.flush()
         self.redis.delete(*done)
-
-    def close(self) -> None:
-        try:
-            self.producer.flush()
-        finally:
-            self.producer.release()
-            self.redis.close()

@@ -29,7 +29,7 @@ import orjson
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import Response
 from pydantic import BaseModel
-from redis.exceptions import LockError, RedisError
+from redis.exceptions import RedisError
 
 from api import keys
 from api.models import (
@@ -50,6 +50,7 @@ from api.state import (
     now_utc,
     redis_unavailable,
     to_ms,
+    user_lock,
     wait_restored,
 )
 
@@ -124,32 +125,20 @@ async def _modify(
     st: AppState, user_id: str, change: Callable[[dict[str, Any], datetime], dict[str, Any]]
 ) -> dict[str, Any]:
     """Lock, read, apply `change`, produce (acked), write the copy; returns the new record."""
-    lock = st.redis.lock(
-        keys.contact_points_lock(user_id), timeout=st.api.ack_timeout_seconds + 10,
-        blocking_timeout=5,
-    )  # fmt: skip
-    try:
-        async with lock:
-            now = now_utc()
+    async with user_lock(st, keys.contact_points_lock(user_id), "contact_points_busy"):
+        now = now_utc()
+        raw = await st.redis.get(keys.contact_points(user_id))
+        if raw is None:
+            await wait_restored(st)
             raw = await st.redis.get(keys.contact_points(user_id))
-            if raw is None:
-                await wait_restored(st)
-                raw = await st.redis.get(keys.contact_points(user_id))
-            current = orjson.loads(raw) if raw else _as_ms(empty_contact_points(user_id, now))
-            changed = change(current, now)
-            if changed is current:
-                return current
-            new = _as_ms(changed)
-            await st.publish("herald.devices", user_id, new)
-            await st.redis.set(keys.contact_points(user_id), orjson.dumps(new))
-            return new
-    except LockError as exc:
-        raise ProblemError(
-            503, "contact_points_busy", "another update of this user is in progress",
-            headers={"Retry-After": "1"},
-        ) from exc  # fmt: skip
-    except RedisError as exc:
-        raise redis_unavailable(st, exc) from exc
+        current = orjson.loads(raw) if raw else _as_ms(empty_contact_points(user_id, now))
+        changed = change(current, now)
+        if changed is current:
+            return current
+        new = _as_ms(changed)
+        await st.publish("herald.devices", user_id, new)
+        await st.redis.set(keys.contact_points(user_id), orjson.dumps(new))
+        return new
 
 
 @router.post(

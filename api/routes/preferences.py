@@ -18,12 +18,12 @@ from typing import Annotated, Any
 import orjson
 from fastapi import APIRouter, Path, Request
 from fastapi.responses import Response
-from redis.exceptions import LockError, RedisError
+from redis.exceptions import RedisError
 
 from api import keys
 from api.models import PreferencesIn, PreferencesOut, preferences_from_record, to_preferences_record
 from api.problems import ProblemError, dumps, problem_responses
-from api.state import AppState, from_ms, guarded, now_utc, redis_unavailable, to_ms
+from api.state import AppState, from_ms, guarded, now_utc, redis_unavailable, to_ms, user_lock
 
 log = logging.getLogger(__name__)
 router = APIRouter(tags=["preferences"])
@@ -47,19 +47,9 @@ def _view(record: dict) -> PreferencesOut:  # type: ignore[type-arg]
 async def put_preferences(user_id: UserId, body: PreferencesIn, request: Request) -> Response:
     """Produce the new record (acked) and update the Redis copy; returns the stored view."""
     st, _ = await guarded(request, "preferences:write")
-    lock = st.redis.lock(
-        keys.prefs_lock(user_id), timeout=st.api.ack_timeout_seconds + 10, blocking_timeout=5
-    )
-    try:
-        async with lock:  # an opt-out from a receipt (sinks/consent.py) is never lost to a PUT
-            stored = await _replace(st, user_id, body)
-    except LockError as exc:
-        raise ProblemError(
-            503, "preferences_busy", "another update of this user is in progress",
-            headers={"Retry-After": "1"},
-        ) from exc  # fmt: skip
-    except RedisError as exc:
-        raise redis_unavailable(st, exc) from exc
+    # under the user's lock: an opt-out from a receipt (sinks/consent.py) is never lost to a PUT
+    async with user_lock(st, keys.prefs_lock(user_id), "preferences_busy"):
+        stored = await _replace(st, user_id, body)
     return Response(dumps(_view(stored).model_dump()), media_type="application/json")
 
 

@@ -24,12 +24,11 @@ from typing import Annotated
 import orjson
 from fastapi import APIRouter, Path, Request
 from fastapi.responses import HTMLResponse
-from redis.exceptions import LockError, RedisError
 
 from api import keys
 from api.models import PreferencesIn, to_preferences_record, with_opt_out
 from api.problems import ProblemError, problem_responses
-from api.state import AppState, now_utc, redis_unavailable, state_of, to_ms, wait_restored
+from api.state import AppState, now_utc, state_of, to_ms, user_lock, wait_restored
 from herald import links
 
 log = logging.getLogger(__name__)
@@ -80,19 +79,8 @@ async def unsubscribe(token: Token, request: Request) -> HTMLResponse:
     """Record the token's opt-out in the user's preferences (idempotent)."""
     st = state_of(request)
     user_id, entry = _claims(st, token)
-    lock = st.redis.lock(
-        keys.prefs_lock(user_id), timeout=st.api.ack_timeout_seconds + 10, blocking_timeout=5
-    )
-    try:
-        async with lock:
-            added = await _opt_out(st, user_id, entry)
-    except LockError as exc:
-        raise ProblemError(
-            503, "preferences_busy", "another update of this user is in progress",
-            headers={"Retry-After": "1"},
-        ) from exc  # fmt: skip
-    except RedisError as exc:
-        raise redis_unavailable(st, exc) from exc
+    async with user_lock(st, keys.prefs_lock(user_id), "preferences_busy"):
+        added = await _opt_out(st, user_id, entry)
     log.info("api.unsubscribed entry=%s changed=%s", entry, added)
     category, _, channel = entry.partition(":")
     return _page("Unsubscribed", f"You will not receive {category} {channel} from us any more.")

@@ -95,7 +95,8 @@ class PreferenceStore:
     def _current(self, user_id: str, now: datetime) -> dict[str, Any]:
         """The user's preferences record: the copy, else the defaults once the copies hold
         every user."""
-        deadline = time.monotonic() + self.restore_wait_s
+        since = time.monotonic()
+        logged = 0.0
         while True:
             raw = self.client.get(keys.prefs(user_id))
             if raw is not None:
@@ -104,9 +105,12 @@ class PreferenceStore:
             if self.client.exists(self.restored):
                 made = to_preferences_record(user_id, PreferencesIn(), now, 0)
                 return {**made, "updated_at": _ms(now)}
-            if time.monotonic() >= deadline:
+            waited = time.monotonic() - since
+            if waited >= self.restore_wait_s:
                 raise TimeoutError(f"the users' copies were not restored in {self.restore_wait_s}s")
-            log.warning("consent.waiting_for_user_state (being restored)")
+            if waited >= logged:  # every 10 s, not every poll
+                log.warning("consent.waiting_for_user_state waited_s=%.1f (being restored)", waited)
+                logged += 10.0
             time.sleep(0.5)
 
 

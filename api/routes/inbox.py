@@ -100,16 +100,14 @@ def _engagement(user_id: str, item: dict[str, Any], via: str) -> Engagement:
 async def _delivered(st: AppState, user_id: str, items: list[dict[str, Any]], via: str) -> None:
     """DELIVERED for the items no app had received before."""
     new = await inbox.take_undelivered(st.redis, user_id, [str(i["item_id"]) for i in items])
-    for item in items:
-        if item["item_id"] in new:
-            await emit(st, _engagement(user_id, item, via), "DELIVERED", "delivered")
+    delivered = [_engagement(user_id, i, via) for i in items if i["item_id"] in new]
+    await emit(st, delivered, "DELIVERED", "delivered")
 
 
 async def _read(st: AppState, user_id: str, items: list[dict[str, Any]]) -> None:
     """READ for items just marked read (DELIVERED first when no app had received them)."""
     await _delivered(st, user_id, items, "read")
-    for item in items:
-        await emit(st, _engagement(user_id, item, "read"), "READ", "read")
+    await emit(st, [_engagement(user_id, item, "read") for item in items], "READ", "read")
 
 
 @router.post(

@@ -45,7 +45,7 @@ async def _emit(
         claims["d"], claims["n"], claims["u"], "email", claims.get("t", ""),
         claims.get("y", ""), claims.get("c", ""), attributes,
     )  # fmt: skip
-    await emit(st, of, state, kind, discriminator)
+    await emit(st, [of], state, kind, discriminator)
 
 
 def _verify(st: AppState, kind: tracking.Kind, token: str) -> dict[str, str]:
@@ -96,5 +96,5 @@ async def push_opened(token: Token, request: Request) -> Response:
         claims["d"], claims["n"], claims["u"], "push", claims.get("t", ""),
         claims.get("y", ""), claims.get("c", ""), {"source": "app", "via": "opened"},
     )  # fmt: skip
-    await emit(st, of, "READ", "push_open")
+    await emit(st, [of], "READ", "push_open")
     return Response(status_code=204, headers=_NO_STORE)

@@ -177,6 +177,12 @@ class _Normalizer:
                         decoded.value.get("provider"), exc.reason, msg.offset)  # fmt: skip
             self.metrics.dead_letter(exc.reason)
             return [msg.dead_letter(exc.reason, exc.detail, JOB)]
+        except Exception as exc:  # noqa: BLE001 - no receipt may stop the job (a parser's bug)
+            log.exception("receipts.normalize_failed provider=%s offset=%d",
+                          decoded.value.get("provider"), msg.offset)  # fmt: skip
+            self.metrics.dead_letter("normalize_failed")
+            detail = f"{type(exc).__name__}: {exc}"[:500]
+            return [msg.dead_letter("normalize_failed", detail, JOB)]
         ref = f"{msg.topic}/{msg.partition}/{msg.offset}"
         return [_with_ref(ev, ref) for ev in events]
 

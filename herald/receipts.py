@@ -18,9 +18,9 @@ Herald's own delivery id (SendGrid custom_args, Vonage client-ref, Herald's own 
 delivery hint. Unknown fields are kept in `attributes` as `x.<name>`; fields that identify a
 person (phone numbers, email addresses, IPs, user agents) and signature material are dropped.
 
-Idempotency: `provider_event_id` is the provider's own event id where it gives one (SendGrid
-sg_event_id, Twilio's webhook idempotency token) and otherwise `sha256:` of the normalized
-fields (never of the receive time), so the same webhook delivered three times is one event.
+Idempotency: `provider_event_id` is the provider's own event id where the signed payload gives
+one (SendGrid sg_event_id) and otherwise `sha256:` of the normalized fields (never of the receive
+time, nor of an unsigned header), so the same webhook delivered three times is one event.
 """
 
 from __future__ import annotations
@@ -259,13 +259,20 @@ def _received(raw: Mapping[str, Any]) -> datetime:
     return datetime.now(UTC)
 
 
+_LATEST_EPOCH_S = 253_402_300_799  # 9999-12-31T23:59:59Z, the last instant a datetime holds
+
+
 def _epoch(value: Any) -> datetime | None:
-    """Epoch seconds (SendGrid) or milliseconds (Herald's own events), or None."""
+    """Epoch seconds (SendGrid) or milliseconds (Herald's own events), or None when `value` is
+    not a number of either within 1970..9999 (`1e20`, `inf`, `nan`, `true`: the receipt's
+    arrival time stands in for it)."""
+    if isinstance(value, bool):
+        return None
     try:
         number = float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return None
-    if number <= 0:
+    if not 0 < number <= _LATEST_EPOCH_S * 1000:  # also false for nan
         return None
     return datetime.fromtimestamp(number / 1000 if number > 1e11 else number, UTC)
 
@@ -313,8 +320,9 @@ def _twilio(raw: Mapping[str, Any], body: bytes) -> list[ReceiptEvent]:
         attributes["dlr_done"] = form["RawDlrDoneDate"]
     headers = {str(k).lower(): str(v) for k, v in (raw.get("headers") or {}).items()}
     token = headers.get(_TWILIO_TOKEN)
-    event_id = f"twilio:{token}" if token else _digest("sms_a", sid, status, code,
-                                                       form.get("RawDlrDoneDate"))  # fmt: skip
+    # The id comes from the signed form only: the idempotency token is an unsigned header, so
+    # a replayed callback with a new token must still be the event it was.
+    event_id = _digest("sms_a", sid, status, code, form.get("RawDlrDoneDate"))
     redrive = {_TWILIO_TOKEN: token} if token else {}
     received = _received(raw)
     return [

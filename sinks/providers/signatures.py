@@ -20,6 +20,7 @@ import base64
 import binascii
 import hashlib
 import hmac
+import math
 import time
 from collections.abc import Mapping
 from urllib.parse import urlsplit, urlunsplit
@@ -32,6 +33,12 @@ from cryptography.hazmat.primitives.serialization import load_der_public_key
 __all__ = ["twilio_signature", "verify_sendgrid", "verify_twilio", "verify_vonage"]
 
 _DEFAULT_PORTS = {"https": 443, "http": 80}
+
+
+def _same(expected: str, given: str) -> bool:
+    """Constant-time equality of two texts; any text (`compare_digest` refuses non-ASCII `str`:
+    a header of other characters is simply not the signature)."""
+    return hmac.compare_digest(expected.encode(), given.encode("utf-8", "surrogatepass"))
 
 
 def twilio_signature(url: str, params: Mapping[str, str], auth_token: str) -> str:
@@ -61,7 +68,7 @@ def verify_twilio(url: str, params: Mapping[str, str], signature: str, auth_toke
     if not signature or not auth_token:
         return False
     return any(
-        hmac.compare_digest(twilio_signature(candidate, params, auth_token), signature)
+        _same(twilio_signature(candidate, params, auth_token), signature)
         for candidate in _url_variants(url)
     )
 
@@ -95,7 +102,10 @@ def verify_vonage(
             stamp = float(params["timestamp"])
         except (KeyError, ValueError):
             return False
-        if abs((now if now is not None else time.time()) - stamp) > max_age_s:
+        if (
+            not math.isfinite(stamp)
+            or abs((now if now is not None else time.time()) - stamp) > max_age_s
+        ):
             return False
     text = "".join(
         f"&{name}={str(params[name]).replace('&', '_').replace('=', '_')}"
@@ -108,7 +118,7 @@ def verify_vonage(
         expected = hmac.new(secret.encode(), text.encode(), _VONAGE_HASHES[method]).hexdigest()
     else:
         return False
-    return hmac.compare_digest(expected.lower(), sig.lower())
+    return _same(expected.lower(), sig.lower())
 
 
 def verify_sendgrid(public_key_b64: str, signature_b64: str, timestamp: str, body: bytes) -> bool:

@@ -99,6 +99,25 @@ def test_forged_and_unsigned_are_rejected_and_counted(api: RunningApi) -> None:
     assert 'provider="sms_a",reason="missing_signature"} 1.0' in metrics
 
 
+def test_non_ascii_signatures_and_non_finite_timestamps_are_403_not_500(api: RunningApi) -> None:
+    params = {"MessageSid": "SM1", "MessageStatus": "delivered"}
+    form = {"content-type": "application/x-www-form-urlencoded"}
+    dlr = {"messageId": "m-1", "status": "delivered", "timestamp": "nan"}
+    dlr["sig"] = sign_vonage(SMS_B_SECRET, dlr, "sha256")  # signed, but of no instant
+    with api.client(key=None) as http:
+        twilio = http.post("/v1/callbacks/sms_a", content=urlencode(params),
+                           headers={**form, "x-twilio-signature": "sïgné".encode()})  # fmt: skip
+        vonage = http.post("/v1/callbacks/sms_b", content=urlencode(dict(dlr, sig="é")),
+                           headers=form)  # fmt: skip
+        stale = http.post("/v1/callbacks/sms_b", content=urlencode(dlr), headers=form)
+        email = http.post("/v1/callbacks/email", content=b"[]", headers={
+            "x-twilio-email-event-webhook-timestamp": str(int(time.time())),
+            "x-twilio-email-event-webhook-signature": "ÿÿ".encode("latin-1")})  # fmt: skip
+    for resp in (twilio, vonage, stale, email):
+        assert resp.status_code == 403, resp.text
+        assert resp.json()["code"] in ("invalid_signature", "stale_timestamp")
+
+
 @pytest.mark.parametrize("provider", ["apns", "fcm", "nope"])
 def test_providers_without_callbacks_are_404(api: RunningApi, provider: str) -> None:
     with api.client(key=None) as http:

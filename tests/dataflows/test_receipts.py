@@ -178,6 +178,33 @@ def test_out_of_order_and_duplicated_receipts_bounded(settings: HeraldSettings) 
     assert [(d["job"], d["reason"]) for d in letters] == [("receipts", "unparseable_receipt")]
 
 
+def test_hostile_timestamps_neither_stop_the_job_nor_lose_the_receipt_bounded(
+    settings: HeraldSettings,
+) -> None:
+    """Timestamps of 1e20, inf and nan (each once crashed the job on the same offset): each
+    receipt is applied at its receive time, and the receipts after them are applied too."""
+    w = World(settings)
+    w.accepted("mail-1", "email", "email", f"{w.p}MSG1")
+    w.accepted("sms-1", "sms", "sms_a", f"{w.p}SM1")
+    for stamp, event in ((1e20, "delivered"), ("inf", "open"), ("nan", "click")):
+        item = {"email": "a@example.com", "event": event, "sg_event_id": f"{w.p}{event}",
+                "sg_message_id": f"{w.p}MSG1.recvd-1-0", "timestamp": stamp,
+                "delivery_id": w.d("mail-1")}  # fmt: skip
+        w.receipt("email", orjson.dumps([item]), "application/json")
+    w.twilio(f"{w.p}SM1", "delivered")
+
+    run_main(
+        build_flow(settings, bounded=True, receipts=ReceiptsSettings()),
+        epoch_interval=timedelta(milliseconds=200),
+    )
+
+    emitted = w.emitted()
+    mail = emitted[w.d("mail-1")]
+    assert [e["state"] for e in mail] == ["DELIVERED", "OPENED", "CLICKED"]
+    assert all(abs(e["occurred_at"] - w.now) < timedelta(minutes=5) for e in mail)
+    assert w.status() == {w.d("mail-1"): "CLICKED", w.d("sms-1"): "DELIVERED"}
+
+
 def test_receipts_join_the_generation_of_the_send_they_answer_bounded(
     settings: HeraldSettings,
 ) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -11,6 +12,8 @@ from urllib.parse import urlencode
 import orjson
 import pytest
 import redis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from herald import ids, states
 from herald.delivery_fold import (
@@ -67,12 +70,14 @@ def test_twilio_status_callback() -> None:
     assert normalize(twilio("delivered"))[0].provider_event_id != ev.provider_event_id
 
 
-def test_twilio_idempotency_token_is_the_event_id() -> None:
+def test_a_replayed_twilio_callback_with_another_unsigned_token_is_the_same_event() -> None:
     body = twilio("sent")
     body["headers"] = {"i-twilio-idempotency-token": "tok-9"}
     [ev] = normalize(body)
-    assert ev.provider_event_id == "twilio:tok-9"
     assert ev.headers == {"i-twilio-idempotency-token": "tok-9"}  # kept for re-driving
+    replay = {**twilio("sent"), "headers": {"i-twilio-idempotency-token": "forged-1"}}
+    assert normalize(replay)[0].provider_event_id == ev.provider_event_id
+    assert normalize(twilio("sent"))[0].provider_event_id == ev.provider_event_id
 
 
 def test_vonage_dlr_form_and_json() -> None:
@@ -432,3 +437,51 @@ def test_status_of_a_later_generation_supersedes_any_earlier_state(
     assert not put("SENDING", 1)  # within a generation the rank rules hold
     stored = orjson.loads(redis_client.hget(status_key(nid), "d-1"))  # type: ignore[arg-type]
     assert (stored["state"], stored["generation"]) == ("DELIVERED", 1)
+
+
+# -- hostile input ---------------------------------------------------------------------------
+
+_HOSTILE = st.one_of(
+    st.sampled_from([1e20, float("inf"), float("-inf"), float("nan"), -1, 10**30, True, "",
+                     "1e20", "inf", "nan", "x" * 5000, "\x00\ud800", None]),
+    st.text(max_size=30), st.integers(), st.floats(), st.lists(st.integers(), max_size=3),
+    st.dictionaries(st.text(max_size=5), st.integers(), max_size=3),
+)  # fmt: skip
+_FIELDS = {
+    "sms_a": ["MessageSid", "MessageStatus", "ErrorCode", "To", "SmsStatus", "RawDlrDoneDate"],
+    "sms_b": ["messageId", "status", "err-code", "message-timestamp", "scts", "client-ref"],
+    "email": ["event", "sg_message_id", "sg_event_id", "timestamp", "delivery_id", "reason",
+              "status", "url", "type", "category", "asm_group_id"],
+    "inbox": ["delivery_id", "event", "event_id", "occurred_at"],
+    "app": ["delivery_id", "event", "event_id", "occurred_at"],
+}  # fmt: skip
+_VALID = {
+    "sms_a": {"MessageSid": "SM1", "MessageStatus": "delivered"},
+    "sms_b": {"messageId": "m1", "status": "delivered"},
+    "email": {"event": "delivered", "sg_message_id": "x.y"},
+    "inbox": {"delivery_id": "d", "event": "read"},
+    "app": {"delivery_id": "d", "event": "opened"},
+}
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
+@given(provider=st.sampled_from(sorted(_FIELDS)), data=st.data(), as_form=st.booleans())
+def test_any_field_value_is_an_event_or_bad_receipt_never_a_crash(
+    provider: str, data: st.DataObject, as_form: bool
+) -> None:
+    """Whatever a signed provider puts in a field (numbers beyond any date, nan, nesting, lone
+    surrogates), normalize gives events with a real instant or raises BadReceipt: the receipts
+    job dead-letters it and goes on (it once crash-looped on a timestamp of 1e20)."""
+    names = data.draw(st.lists(st.sampled_from(_FIELDS[provider]), unique=True))
+    item = {**_VALID[provider], **{name: data.draw(_HOSTILE) for name in names}}
+    if as_form and provider in ("sms_a", "sms_b"):
+        texts = {k: v if isinstance(v, str) else json.dumps(v) for k, v in item.items()}
+        body = urlencode(texts, errors="surrogatepass").encode()
+        ctype = "application/x-www-form-urlencoded"
+    else:
+        body, ctype = json.dumps([item]).encode("utf-8", "surrogatepass"), "application/json"
+    try:
+        events = normalize(raw(provider, body, ctype))
+    except BadReceipt:
+        return
+    assert all(1970 <= ev.occurred_at.year <= 9999 for ev in events)

@@ -15,10 +15,12 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+import phonenumbers
 from pydantic import (
     AliasChoices,
     AwareDatetime,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     StringConstraints,
@@ -33,7 +35,7 @@ Category = Literal["transactional", "marketing", "social"]
 TrafficClass = Literal["transactional", "normal", "bulk"]
 Platform = Literal["apns", "fcm"]
 
-E164_PATTERN = r"^\+[1-9]\d{6,14}$"
+E164_PATTERN = r"^\+[1-9][0-9]{6,14}$"  # ASCII digits (the API's regex engine's \d is Unicode)
 HHMM_PATTERN = r"^([01]\d|2[0-3]):[0-5]\d$"
 LOCALE_PATTERN = r"^[A-Za-z]{2,3}(-[A-Za-z0-9]{2,8})*$"
 # Deliberately simple (no email-validator dependency): one @, a dot in the domain, no spaces.
@@ -43,7 +45,11 @@ _CATEGORY_CHANNEL = re.compile(r"^(transactional|marketing|social):(push|sms|ema
 MAX_RECIPIENTS = 1000
 MAX_PARAMS = 50
 
-Id = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=r"^[^\s]+$")]
+# Ids: printable ASCII but `{` and `}` (no spaces or control characters; the braces delimit
+# Redis Cluster hash tags in the keys built from ids, api/keys.py); in a URL path, no `/` either.
+ID_PATTERN = r"^[\x21-\x7a\x7c\x7e]+$"
+PATH_ID_PATTERN = r"^[\x21-\x2e\x30-\x7a\x7c\x7e]+$"
+Id = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=ID_PATTERN)]
 TypeName = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9_.-]{0,63}$")]
 Locale = Annotated[str, StringConstraints(max_length=35, pattern=LOCALE_PATTERN)]
 ParamKey = Annotated[str, StringConstraints(min_length=1, max_length=64)]
@@ -190,10 +196,26 @@ class DeviceRegistration(_Body):
     app_id: Annotated[str, StringConstraints(min_length=1, max_length=255)] | None = None
 
 
+def e164(value: object) -> str:
+    """A phone number in canonical E.164 (`+14155550123`), as the phonenumbers library reads
+    it: every spelling of one number (spaces, dashes, other scripts' digits) is one text, so
+    the OTP limits and the country rules keyed by the number see one number. Raises ValueError
+    for what is not a possible international number."""
+    if not isinstance(value, str) or len(value) > 40 or not value.strip().startswith("+"):
+        raise ValueError("a phone number in international form: + then country code and number")
+    try:
+        number = phonenumbers.parse(value, None)
+    except phonenumbers.NumberParseException as exc:
+        raise ValueError(f"not a phone number: {exc}") from None
+    if not phonenumbers.is_possible_number(number):
+        raise ValueError("not a possible phone number for its country code")
+    return str(phonenumbers.format_number(number, phonenumbers.PhoneNumberFormat.E164))
+
+
 class PhoneIn(_Body):
     """A phone number in E.164 form; `verified` is set by the verification flow."""
 
-    e164: Annotated[str, StringConstraints(pattern=E164_PATTERN)]
+    e164: Annotated[str, BeforeValidator(e164), StringConstraints(pattern=E164_PATTERN)]
     verified: bool = False
 
 

@@ -36,7 +36,10 @@ Limits (deliberate: this serves one machine on loopback)
     - `session_id` is ignored: all clients share the session, so SET/USE statements and
       temporary tables are visible to all. Per-request settings are applied with SET and reset
       with `SET name = DEFAULT` when a later request no longer sends them.
-    - No users, passwords or TLS (bind to loopback), no external-data tables.
+    - No users, passwords or TLS (bind to loopback), no external-data tables. What a web page
+      in a developer's browser could send is refused with 403 (ACCESS_DENIED): a Host header
+      not naming this server (loopback names or the bind address: DNS rebinding) and any
+      request carrying an Origin header; a GET only reads (readonly, as ClickHouse does).
 """
 
 from __future__ import annotations
@@ -69,7 +72,7 @@ log = logging.getLogger(__name__)
 
 DISPLAY_NAME = "herald-chdb"
 # ClickHouse error codes for errors raised by this facade itself.
-BAD_ARGUMENTS, NOT_IMPLEMENTED, READONLY, ABORTED = 36, 48, 164, 236
+BAD_ARGUMENTS, NOT_IMPLEMENTED, READONLY, ABORTED, ACCESS_DENIED = 36, 48, 164, 236, 497
 CANNOT_DECOMPRESS, UNKNOWN_COMPRESSION_METHOD, STD_EXCEPTION = 271, 638, 1001
 
 # URL parameters that steer the transport; never forwarded as settings (nor are `http_*`).
@@ -384,8 +387,11 @@ class _Handler(BaseHTTPRequestHandler):
             if url.path == "/ping" or (url.path == "/" and not url.query and not body):
                 self._reply(200, b"Ok.\n", {"Content-Type": "text/plain; charset=UTF-8"})
                 return
+            self._check_caller()
             if url.path != "/":
                 raise ClickHouseError(NOT_IMPLEMENTED, f"No handler for {url.path}", 404)
+            if not with_body:
+                params["readonly"] = "1"  # as ClickHouse: a GET only reads
             outcome = self.server.engine.execute(self._statement(params, body))
         except ClickHouseError as exc:
             self._reply_error(exc, query_id)
@@ -394,6 +400,15 @@ class _Handler(BaseHTTPRequestHandler):
             self._reply_error(ClickHouseError(STD_EXCEPTION, repr(exc)), query_id)
         else:
             self._reply_outcome(outcome, query_id)
+
+    def _check_caller(self) -> None:
+        """Refuse what a web page could send: a Host other than this server's names (DNS
+        rebinding) or any Origin (browsers send it cross-site; ClickHouse clients never do)."""
+        host = _host_name(self.headers.get("Host", ""))
+        if host not in self.server.allowed_hosts:
+            raise ClickHouseError(ACCESS_DENIED, f"Host {host!r} is not this server's", 403)
+        if self.headers.get("Origin") is not None:
+            raise ClickHouseError(ACCESS_DENIED, "requests from web pages are refused", 403)
 
     def _read_body(self) -> bytes:
         if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
@@ -457,7 +472,19 @@ class ClickHouseHTTPServer(ThreadingHTTPServer):
 
     def __init__(self, address: tuple[str, int], engine: ChdbEngine) -> None:
         self.engine = engine
+        self.allowed_hosts = _LOOPBACK_NAMES | {_host_name(address[0])}
         super().__init__(address, _Handler)
+
+
+_LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+
+
+def _host_name(host: str) -> str:
+    """The name of a Host header or bind address, without port and IPv6 brackets."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host[1 : host.find("]")]
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
 
 
 def serve(data_dir: Path, host: str, port: int) -> None:

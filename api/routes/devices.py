@@ -43,6 +43,7 @@ from api.models import (
 from api.otp import prefix_allowed, sms_prefix_problem
 from api.pii import mask_email, mask_phone
 from api.problems import ProblemError, dumps, problem_responses
+from api.routes import PathId
 from api.state import (
     AppState,
     from_ms,
@@ -57,7 +58,7 @@ from api.state import (
 log = logging.getLogger(__name__)
 router = APIRouter(tags=["devices"])
 
-UserId = Annotated[str, Path(min_length=1, max_length=128, pattern=r"^[^\s/]+$")]
+UserId = PathId
 _NS_DEVICE = uuid.UUID("0b7e3c1a-6f0d-5e55-9a51-5d0e8f0c2a11")
 
 

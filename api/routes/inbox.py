@@ -24,7 +24,7 @@ import logging
 from typing import Annotated, Any
 
 import orjson
-from fastapi import APIRouter, Path, Query, Request, WebSocket, WebSocketDisconnect
+from fastapi import APIRouter, Query, Request, WebSocket, WebSocketDisconnect
 from fastapi.responses import Response
 from pydantic import BaseModel
 from redis.exceptions import RedisError
@@ -32,13 +32,14 @@ from redis.exceptions import RedisError
 from api import inbox, keys
 from api.engagement import Engagement, emit
 from api.problems import ProblemError, dumps, problem_responses
+from api.routes import PathId
 from api.state import AppState, guarded, redis_unavailable
 
 log = logging.getLogger(__name__)
 router = APIRouter(tags=["inbox"])
 
-UserId = Annotated[str, Path(min_length=1, max_length=128, pattern=r"^[^\s/]+$")]
-ItemId = Annotated[str, Path(min_length=1, max_length=128, pattern=r"^[^\s/]+$")]
+UserId = PathId
+ItemId = PathId
 
 
 class InboxItem(BaseModel):

@@ -13,22 +13,23 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Annotated, Any
+from typing import Any
 
 import orjson
-from fastapi import APIRouter, Path, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from redis.exceptions import RedisError
 
 from api import keys
 from api.models import PreferencesIn, PreferencesOut, preferences_from_record, to_preferences_record
 from api.problems import ProblemError, dumps, problem_responses
+from api.routes import PathId
 from api.state import AppState, from_ms, guarded, now_utc, redis_unavailable, to_ms, user_lock
 
 log = logging.getLogger(__name__)
 router = APIRouter(tags=["preferences"])
 
-UserId = Annotated[str, Path(min_length=1, max_length=128, pattern=r"^[^\s/]+$")]
+UserId = PathId
 
 
 def _view(record: dict) -> PreferencesOut:  # type: ignore[type-arg]

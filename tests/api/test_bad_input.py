@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 
@@ -131,6 +132,33 @@ def test_non_e164_phone(api: RunningApi) -> None:
     data = problem(resp, 422, "invalid_phone")
     assert data["errors"][0]["loc"] == ["body", "phone", "e164"]
     assert "0791234567" not in resp.text  # the number is not echoed
+
+
+def test_every_spelling_of_a_phone_number_is_stored_as_one_number(api: RunningApi) -> None:
+    """Spaces, dashes and other scripts' digits are one number (one OTP budget, one country
+    rule): the contact point holds its canonical E.164 whatever the spelling."""
+    user = f"u-{uuid.uuid4().hex}"
+    with api.client() as http:
+        for spelling in ("+1 415 555 0123", "+1٤١٥5550123", "+1-415-555-0123"):
+            resp = http.put(f"/v1/users/{user}/contact-points", json={"phone": {"e164": spelling}})
+            assert resp.status_code == 200, resp.text
+        impossible = http.put(f"/v1/users/{user}/contact-points",
+                              json={"phone": {"e164": "+41123"}})  # fmt: skip
+    problem(impossible, 422, "invalid_phone")
+    records = [r for _k, r in api.read_topic("herald.devices", 3) if r["user_id"] == user]
+    assert [r["phone"]["e164"] for r in records] == ["+14155550123"] * 3
+
+
+@pytest.mark.parametrize("user", ["u{1}", "u}", "u\x01", "\u00fcser", "u 1"])
+def test_ids_with_braces_control_or_non_ascii_characters_are_refused(
+    api: RunningApi, user: str
+) -> None:
+    """Braces would pick another Redis Cluster slot for the keys built from the id."""
+    with api.client() as http:
+        sent = http.post("/v1/notifications", json=body(recipients={"user_ids": [user]}))
+        prefs = http.get(f"/v1/users/{quote(user, safe='')}/preferences")
+    assert sent.status_code == 422, sent.text
+    assert prefs.status_code == 422, prefs.text
 
 
 def test_sms_prefix_outside_allow_list(api: RunningApi) -> None:

@@ -313,10 +313,18 @@ def test_invalid_preferences_are_rejected(body: dict[str, Any]) -> None:
         PreferencesIn.model_validate(body)
 
 
-@pytest.mark.parametrize("phone", ["0791234567", "+0791234567", "+41 79 123 45 67", "+12345"])
+@pytest.mark.parametrize("phone", ["0791234567", "+0791234567", "+12345", "+41 79", "41791234567"])
 def test_invalid_phone_numbers_are_rejected(phone: str) -> None:
     with pytest.raises(ValidationError):
         ContactPointsUpdate.model_validate({"phone": {"e164": phone}})
+
+
+@pytest.mark.parametrize(
+    "phone", ["+41 79 123 45 67", "+41-79-123-45-67", "+\u0664\u0661791234567"]
+)
+def test_phone_spellings_become_one_e164_number(phone: str) -> None:
+    update = ContactPointsUpdate.model_validate({"phone": {"e164": phone}})
+    assert update.phone is not None and update.phone.e164 == "+41791234567"
 
 
 @pytest.mark.parametrize(

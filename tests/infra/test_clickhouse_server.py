@@ -195,6 +195,30 @@ def test_raw_http_headers_and_formats(dsn: str) -> None:
     assert err.value.read().startswith(b"Code: 46. DB::Exception: ")
 
 
+def _status(dsn: str, sql: str, method: str = "POST", **headers: str) -> tuple[int, bytes]:
+    url = f"{dsn}/?query={quote(sql)}" if method == "GET" else dsn
+    data = None if method == "GET" else sql.encode()
+    request = urllib.request.Request(url, data=data, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(request) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def test_what_a_web_page_could_send_cannot_write(dsn: str) -> None:
+    """GET only reads; a foreign Host (DNS rebinding) or any Origin (a cross-site request from a
+    developer's browser) is refused before anything runs."""
+    assert _status(dsn, "CREATE TABLE t_get (x UInt8) ENGINE = Memory", "GET")[0] == 500
+    assert _status(dsn, "SELECT 1", "GET") == (200, b"1\n")
+    evil = _status(dsn, "DROP TABLE IF EXISTS system_t", Host="evil.example:8123")
+    assert evil[0] == 403 and evil[1].startswith(b"Code: 497.")
+    page = _status(dsn, "DROP TABLE IF EXISTS system_t", Origin="https://evil.example")
+    assert page[0] == 403
+    assert _status(dsn, "EXISTS TABLE t_get", "GET") == (200, b"0\n")  # nothing was created
+    assert _status(dsn, "SELECT 2", Host="localhost:1")[0] == 200
+
+
 def test_concurrent_clients(dsn: str) -> None:
     setup = herald_client(ClickHouseSettings(dsn=dsn), database="default")
     setup.command("CREATE DATABASE IF NOT EXISTS t_conc")

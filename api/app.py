@@ -29,7 +29,7 @@ from api.problems import install_problem_handlers
 from api.settings import ApiSettings, ProviderSecrets
 from api.state import AppState, now_utc, state_of
 from herald.catalog import Catalog, load_catalog
-from herald.config import HeraldSettings
+from herald.config import HeraldSettings, refuse_unsafe_defaults
 from schemas.registry import make_registry
 
 log = logging.getLogger(__name__)
@@ -151,8 +151,10 @@ async def metrics(request: Request) -> Response:
 def create_app_from_env() -> ASGIApp:
     """The app with every setting read from the environment (uvicorn factory of `python -m api`).
 
-    Callback secrets default to the embedded simulators' credentials under
-    `<run_dir>/simulators` unless HERALD_PROVIDERS_* are set (api/settings.py). The hot path
+    In the embedded stack (HERALD_EMBEDDED), callback secrets default to the simulators'
+    credentials under `<run_dir>/simulators` unless HERALD_PROVIDERS_* are set
+    (api/settings.py); elsewhere the process refuses to start with any development default
+    (herald.config.refuse_unsafe_defaults). The hot path
     (POST /v1/notifications) is wrapped around the FastAPI app, outside its middleware stack.
     """
     from api.fastpath import NotificationsFastPath
@@ -160,9 +162,14 @@ def create_app_from_env() -> ASGIApp:
     # The Kafka poll thread resolves the requests' futures: let it take the GIL quickly
     # (default switch interval 5 ms would add up to 5 ms to an ack under load).
     sys.setswitchinterval(0.001)
-    settings = HeraldSettings()
-    providers = ProviderSecrets()
-    if providers.simulator_dir is None:
+    settings, api, providers = HeraldSettings(), ApiSettings(), ProviderSecrets()
+    unsafe = [
+        *api.unsafe_defaults(),
+        *providers.unsafe_defaults(),
+        *settings.links.unsafe_defaults(),
+    ]
+    refuse_unsafe_defaults("the API", settings.run, unsafe)
+    if providers.simulator_dir is None and settings.run.embedded:
         providers.simulator_dir = settings.run.run_dir / "simulators"
-    app = create_app(settings, api=ApiSettings(), providers=providers)
+    app = create_app(settings, api=api, providers=providers)
     return NotificationsFastPath(app, app.state.herald)

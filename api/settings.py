@@ -41,6 +41,15 @@ class ProviderSecrets(BaseSettings):
     max_skew_seconds: int = 600
     simulator_dir: Path | None = None
 
+    def unsafe_defaults(self) -> list[str]:
+        """What herald.config.refuse_unsafe_defaults refuses in these settings."""
+        if self.simulator_dir is None:
+            return []
+        return ["HERALD_PROVIDERS_SIMULATOR_DIR: callbacks verified with the simulators' "
+                "credentials; set HERALD_PROVIDERS_SMS_A_AUTH_TOKEN, "
+                "HERALD_PROVIDERS_SMS_B_SIGNATURE_SECRET and "
+                "HERALD_PROVIDERS_EMAIL_WEBHOOK_PUBLIC_KEY instead"]  # fmt: skip
+
     def simulator_credentials(self, provider: str) -> dict[str, Any]:
         """The credentials.json a simulator wrote for `provider` ({} when absent)."""
         if self.simulator_dir is None:
@@ -99,3 +108,18 @@ class ApiSettings(BaseSettings):
     # SMS destinations allowed (E.164 prefixes, e.g. ["+41", "+49", "+86"]); empty = all.
     sms_allowed_prefixes: list[str] = Field(default_factory=list)
     trust_forwarded_for: bool = False
+
+    def unsafe_defaults(self) -> list[str]:
+        """What herald.config.refuse_unsafe_defaults refuses in these settings."""
+        unsafe = []
+        if self.tenants_file.resolve() == DEFAULT_TENANTS_FILE.resolve():
+            unsafe.append(
+                "HERALD_API_TENANTS_FILE: the bundled tenants file holds the public development"
+                " key (every scope); give your own file of hashed keys"
+            )
+        if not self.sms_allowed_prefixes:
+            unsafe.append(
+                "HERALD_API_SMS_ALLOWED_PREFIXES: SMS to every country (SMS pumping); list the"
+                ' E.164 prefixes you serve, e.g. ["+41","+49"] ("+" = all)'
+            )
+        return unsafe

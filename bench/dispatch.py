@@ -114,6 +114,7 @@ def produce_deliveries(settings: HeraldSettings, channel: str, n: int) -> str:
 
 def job_env(settings: HeraldSettings, sims: dict[str, RunningSimulator], rates: dict) -> dict:
     env = {**os.environ, "PYTHONPATH": str(REPO), "HERALD_LOG_LEVEL": "WARNING",
+           "HERALD_EMBEDDED": "1",  # simulators and development defaults
            "HERALD_KAFKA_BOOTSTRAP_SERVERS": settings.kafka.bootstrap_servers,
            "HERALD_KAFKA_TOPIC_PREFIX": settings.kafka.topic_prefix,
            "HERALD_REDIS_URL": settings.redis.url,

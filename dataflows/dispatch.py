@@ -35,7 +35,7 @@ from bytewax.dataflow import Dataflow
 
 from dataflows._runtime import configure_process
 from herald.catalog import CHANNELS, TRAFFIC_CLASSES
-from herald.config import HeraldSettings
+from herald.config import HeraldSettings, refuse_unsafe_defaults
 from herald.metrics import BreakerCollector
 from schemas.registry import make_registry
 from sinks.channels.clients import Factory
@@ -92,6 +92,7 @@ def build_flow(
     if settings is None:
         serving = configure_process()
         settings = HeraldSettings()
+        refuse_unsafe_defaults("dispatch", settings.run, settings.links.unsafe_defaults())
         dispatch = dispatch or DispatchSettings()
         if serving is not None:
             _breaker_metrics(settings, dispatch)

@@ -27,6 +27,8 @@ from typing import ClassVar
 from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from herald.errors import ConfigError
+
 
 class KafkaSettings(BaseSettings):
     """Kafka client settings shared by producers, sources and the admin client."""
@@ -114,6 +116,24 @@ class RunSettings(BaseSettings):
         validation_alias=AliasChoices("HERALD_RUN_PROCESSES", "processes"),
         description="Bytewax processes per job (a cluster joined with -i/-a on loopback).",
     )
+    embedded: bool = Field(
+        default=False,
+        validation_alias=AliasChoices("HERALD_EMBEDDED", "embedded"),
+        description="Set by `herald up` for its processes: development defaults (the bundled "
+        "tenants file and its dev key, the simulators' credentials) are allowed; elsewhere "
+        "processes refuse to start with them (`refuse_unsafe_defaults`).",
+    )
+
+
+def refuse_unsafe_defaults(process: str, run: RunSettings, unsafe: list[str]) -> None:
+    """Fail closed: outside the embedded stack, raise ConfigError naming every development
+    default in `unsafe` (each says what is used and which setting to provide)."""
+    if unsafe and not run.embedded:
+        lines = "\n".join(f"  - {item}" for item in unsafe)
+        raise ConfigError(
+            f"{process} refuses to start with development defaults outside the embedded stack "
+            f"(`herald up` sets HERALD_EMBEDDED=1 for its own processes):\n{lines}"
+        )
 
 
 class ScheduleSettings(BaseSettings):
@@ -133,6 +153,10 @@ class ScheduleSettings(BaseSettings):
         return timedelta(days=self.horizon_days) + self.HOLD_MARGIN
 
 
+DEV_LINKS_SECRET = "herald-dev-links-secret-change-me"  # public: refused outside `herald up`
+MIN_LINKS_SECRET = 32
+
+
 class LinksSettings(BaseSettings):
     """The links Herald puts in emails (herald/links.py): the API's public base URL they point
     at, and the secret that signs them (the API verifies, dispatch signs). `herald up` sets
@@ -143,10 +167,19 @@ class LinksSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="HERALD_LINKS_")
 
     base_url: str | None = None
-    secret: SecretStr = SecretStr("herald-dev-links-secret-change-me")
+    secret: SecretStr = SecretStr(DEV_LINKS_SECRET)
 
     def secret_bytes(self) -> bytes:
         return self.secret.get_secret_value().encode()
+
+    def unsafe_defaults(self) -> list[str]:
+        """What `refuse_unsafe_defaults` refuses in these settings."""
+        if self.secret.get_secret_value() == DEV_LINKS_SECRET:
+            return ["HERALD_LINKS_SECRET is the public development secret (anyone could forge "
+                    "click redirects and opens): set a long random secret"]  # fmt: skip
+        if len(self.secret.get_secret_value()) < MIN_LINKS_SECRET:
+            return [f"HERALD_LINKS_SECRET is shorter than {MIN_LINKS_SECRET} characters"]
+        return []
 
 
 class HeraldSettings(BaseSettings):

@@ -47,6 +47,7 @@ class Ctx:
         """Settings every Herald process receives (read by herald.config in entry points)."""
         host, ports = self.host, self.ports
         env = {
+            "HERALD_EMBEDDED": "1",  # development defaults allowed (herald.config.RunSettings)
             "HERALD_RUN_DIR": str(self.run_dir),
             "HERALD_REGISTRY_PATH": str(self.run_dir / "registry"),
         }

@@ -87,8 +87,10 @@ def settings(stack: RunningStack, tmp_path: Path) -> HeraldSettings:
 
 
 def child_env(settings: HeraldSettings) -> dict[str, str]:
-    """Environment for a subprocess (a Bytewax job, the API) that should use `settings`."""
+    """Environment for a subprocess (a Bytewax job, the API) that should use `settings`, as
+    `herald up` gives its own processes (embedded: development defaults allowed)."""
     env = {
+        "HERALD_EMBEDDED": "1",
         "HERALD_KAFKA_BOOTSTRAP_SERVERS": settings.kafka.bootstrap_servers,
         "HERALD_KAFKA_TOPIC_PREFIX": settings.kafka.topic_prefix,
         "HERALD_REDIS_URL": settings.redis.url,

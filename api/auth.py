@@ -8,6 +8,12 @@ The tenants file (TOML, `ApiSettings.tenants_file`, default `api/tenants.toml`):
     id = "login-2026-11"                 # shown in logs instead of the key
     sha256 = "<hex sha256 of the key>"   # `python -m api.auth hash <key>` prints it
     scopes = ["notifications:write", "notifications:read"]
+    types = ["otp_login", "password_reset"]  # optional: the only types this key may send
+    segments = []                        # optional: the only segments it may target
+
+A key without `types` may send every type of the catalog, without `segments` target every
+segment; with them, anything else is 403 `type_not_allowed` / `segment_not_allowed` (so the
+orders service's key cannot send `otp_login`). `scopes` name what a key may call at all.
 
 Keys are random high-entropy strings (`python -m api.auth new <tenant>`), so one SHA-256 is
 enough to make a stolen file useless (no password stretching needed, and lookups stay O(1)).
@@ -37,6 +43,8 @@ SCOPES = frozenset(
         "inbox:read",
         "inbox:write",
         "otp:verify",
+        "contact_points:verify",  # set a phone or email as `verified` (else 403)
+        "pii:read",  # whole phone numbers and email addresses in responses (else masked)
     }
 )
 
@@ -49,6 +57,16 @@ class Tenant:
     key_id: str
     scopes: frozenset[str]
     rate_limit_per_second: int
+    types: frozenset[str] | None = None  # None: every type of the catalog
+    segments: frozenset[str] | None = None  # None: every segment
+
+    def may_send(self, notification_type: str) -> bool:
+        """Whether this key may send `notification_type`."""
+        return self.types is None or notification_type in self.types
+
+    def may_target(self, segment_id: str) -> bool:
+        """Whether this key may send to segment `segment_id`."""
+        return self.segments is None or segment_id in self.segments
 
 
 def hash_key(key: str) -> str:
@@ -97,10 +115,22 @@ class Tenants:
                 if digest in by_hash:
                     raise ConfigError(f"{where}.keys[{i}]: key used twice")
                 key_id = str(key.get("id") or f"{tenant_id}-{i}")
-                by_hash[digest] = Tenant(tenant_id, key_id, scopes, rate)
+                types = _names(key, "types", f"{where}.keys[{i}]")
+                segments = _names(key, "segments", f"{where}.keys[{i}]")
+                by_hash[digest] = Tenant(tenant_id, key_id, scopes, rate, types, segments)
         if not by_hash:
             raise ConfigError(f"tenants file {source}: no tenant has a key")
         return cls(by_hash)
+
+
+def _names(key: dict, field: str, where: str) -> frozenset[str] | None:  # type: ignore[type-arg]
+    """A key's optional allow-list (`types`, `segments`): None when absent."""
+    if field not in key:
+        return None
+    names = key[field]
+    if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
+        raise ConfigError(f"{where}.{field} must be a list of names")
+    return frozenset(names)
 
 
 def main(argv: list[str]) -> int:

@@ -120,6 +120,24 @@ def authenticate_key(st: AppState, key: str | None, scope: str) -> Tenant:
     return tenant
 
 
+def check_authority(
+    st: AppState, tenant: Tenant, notification_type: str, segment_id: str | None
+) -> None:
+    """403 `type_not_allowed` / `segment_not_allowed` beyond the key's allow-lists (api/auth.py)."""
+    if not tenant.may_send(notification_type):
+        st.metrics.rejected.labels("type_not_allowed").inc()
+        raise ProblemError(
+            403, "type_not_allowed", f"key {tenant.key_id} may not send {notification_type}",
+            notification_type=notification_type,
+        )  # fmt: skip
+    if segment_id is not None and not tenant.may_target(segment_id):
+        st.metrics.rejected.labels("segment_not_allowed").inc()
+        raise ProblemError(
+            403, "segment_not_allowed", f"key {tenant.key_id} may not send to this segment",
+            segment_id=segment_id,
+        )  # fmt: skip
+
+
 def rate_limited(st: AppState, tenant: Tenant, retry_after: int = 1) -> ProblemError:
     """The 429 problem of a tenant over its rate."""
     st.metrics.rejected.labels("rate_limited").inc()

@@ -13,8 +13,10 @@ changelog; a change meanwhile waits for it (up to `restore_wait_seconds`), then 
 
     POST   /v1/devices                          register/refresh a push token → 201
     DELETE /v1/devices/{device_id}?user_id=…    remove it → 204 (404 when unknown)
-    PUT    /v1/users/{user_id}/contact-points   set/clear phone (E.164) and email
-    GET    /v1/users/{user_id}/contact-points   the current record (tokens masked)
+    PUT    /v1/users/{user_id}/contact-points   set/clear phone (E.164) and email; `verified`
+                                                only with scope contact_points:verify
+    GET    /v1/users/{user_id}/contact-points   the current record (tokens as hints; phone and
+                                                email masked without scope pii:read)
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ log = logging.getLogger(__name__)
 router = APIRouter(tags=["devices"])
 
 UserId = PathId
+VERIFY_SCOPE, PII_SCOPE = "contact_points:verify", "pii:read"  # api/auth.py SCOPES
 _NS_DEVICE = uuid.UUID("0b7e3c1a-6f0d-5e55-9a51-5d0e8f0c2a11")
 
 
@@ -93,7 +96,13 @@ class DeviceRegistered(BaseModel):
     version: int
 
 
-def _view(record: dict[str, Any]) -> ContactPointsView:
+def _masked(point: dict[str, Any] | None, field: str, mask: Callable[[str], str]) -> Any:
+    return None if point is None else {**point, field: mask(point[field])}
+
+
+def _view(record: dict[str, Any], pii: bool) -> ContactPointsView:
+    """The API's view of a contact-points record; phone and email masked unless `pii` (the
+    caller's key holds `pii:read`)."""
     devices = [
         DeviceView(
             device_id=d["device_id"],
@@ -105,10 +114,12 @@ def _view(record: dict[str, Any]) -> ContactPointsView:
         )  # fmt: skip
         for d in record["devices"]
     ]
+    phone, email = record.get("phone"), record.get("email")
+    if not pii:
+        phone, email = _masked(phone, "e164", mask_phone), _masked(email, "address", mask_email)
     return ContactPointsView(
-        user_id=record["user_id"], devices=devices, phone=record.get("phone"),
-        email=record.get("email"), updated_at=from_ms(record["updated_at"]),
-        version=record["version"],
+        user_id=record["user_id"], devices=devices, phone=phone, email=email,
+        updated_at=from_ms(record["updated_at"]), version=record["version"],
     )  # fmt: skip
 
 
@@ -197,8 +208,18 @@ async def delete_device(
 async def put_contact_points(
     user_id: UserId, body: ContactPointsUpdate, request: Request
 ) -> Response:
-    """Apply the fields present in the body (null clears); the SMS prefix allow-list applies."""
-    st, _ = await guarded(request, "devices:write")
+    """Apply the fields present in the body (null clears); the SMS prefix allow-list applies.
+    Only a key with `contact_points:verify` may set a phone or email as verified."""
+    st, tenant = await guarded(request, "devices:write")
+    claims_verified = (body.phone is not None and body.phone.verified) or (
+        body.email is not None and body.email.verified
+    )
+    if claims_verified and VERIFY_SCOPE not in tenant.scopes:
+        st.metrics.rejected.labels("insufficient_scope").inc()
+        raise ProblemError(
+            403, "insufficient_scope", f"setting `verified` needs scope {VERIFY_SCOPE}",
+            scope=VERIFY_SCOPE,
+        )  # fmt: skip
     if body.phone is not None and not prefix_allowed(body.phone.e164, st.api.sms_allowed_prefixes):
         st.metrics.rejected.labels("sms_prefix_not_allowed").inc()
         raise sms_prefix_problem(["body", "phone", "e164"])
@@ -208,7 +229,8 @@ async def put_contact_points(
         mask_phone(body.phone.e164 if body.phone else None),
         mask_email(body.email.address if body.email else None), record["version"],
     )  # fmt: skip
-    return Response(dumps(_view(record).model_dump()), media_type="application/json")
+    return Response(dumps(_view(record, PII_SCOPE in tenant.scopes).model_dump()),
+                    media_type="application/json")  # fmt: skip
 
 
 @router.get(
@@ -219,11 +241,12 @@ async def put_contact_points(
 )
 async def get_contact_points(user_id: UserId, request: Request) -> Response:
     """The current record (404 before the first change)."""
-    st, _ = await guarded(request, "devices:read")
+    st, tenant = await guarded(request, "devices:read")
     try:
         raw = await st.redis.get(keys.contact_points(user_id))
     except RedisError as exc:
         raise redis_unavailable(st, exc) from exc
     if raw is None:
         raise ProblemError(404, "contact_points_not_found", "nothing registered for this user")
-    return Response(dumps(_view(orjson.loads(raw)).model_dump()), media_type="application/json")
+    view = _view(orjson.loads(raw), PII_SCOPE in tenant.scopes)
+    return Response(dumps(view.model_dump()), media_type="application/json")

@@ -34,6 +34,7 @@ from api.problems import ProblemError, dumps, problem_responses
 from api.state import (
     AppState,
     authenticate,
+    check_authority,
     from_ms,
     guarded,
     now_utc,
@@ -121,6 +122,7 @@ async def accept(
     """The accept pipeline for an authenticated tenant and a parsed body."""
     now = now_utc()
     nt = check_against_catalog(body, st.catalog)
+    check_authority(st, tenant, nt.name, body.recipients.segment_id)
     check_times(body, now, st.api.send_at_max_past_seconds, st.settings.schedule.horizon_days)
     otp = is_otp(nt)
     phones: set[str] = set()

@@ -30,6 +30,8 @@ from tests.conftest import mark_users_restored
 FULL_KEY = "hk_test_full_0123456789abcdef"
 READ_KEY = "hk_test_read_0123456789abcdef"
 SLOW_KEY = "hk_test_slow_0123456789abcdef"
+ORDERS_KEY = "hk_test_orders_0123456789abcdef"  # may send order_shipped only, to no segment
+DEVICES_KEY = "hk_test_devices_0123456789abcdef"  # devices:write/read only
 SMS_A_TOKEN = "test-twilio-auth-token"
 SMS_B_SECRET = "test-vonage-signature-secret"
 
@@ -47,6 +49,26 @@ def make_tenants() -> Tenants:
                 "reader": {
                     "keys": [
                         {"id": "ro", "sha256": hash_key(READ_KEY), "scopes": ["notifications:read"]}
+                    ]
+                },
+                "orders": {
+                    "keys": [
+                        {
+                            "id": "orders",
+                            "sha256": hash_key(ORDERS_KEY),
+                            "scopes": sorted(SCOPES),
+                            "types": ["order_shipped"],
+                            "segments": [],
+                        }  # fmt: skip
+                    ]
+                },
+                "devices": {
+                    "keys": [
+                        {
+                            "id": "devices",
+                            "sha256": hash_key(DEVICES_KEY),
+                            "scopes": ["devices:write", "devices:read"],
+                        }  # fmt: skip
                     ]
                 },
                 "slow": {

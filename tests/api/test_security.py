@@ -10,7 +10,15 @@ import pytest
 
 from api.app import create_app
 from herald.config import HeraldSettings
-from tests.api.conftest import SLOW_KEY, RunningApi, make_api_settings, make_tenants, serve
+from tests.api.conftest import (
+    DEVICES_KEY,
+    ORDERS_KEY,
+    SLOW_KEY,
+    RunningApi,
+    make_api_settings,
+    make_tenants,
+    serve,
+)
 
 
 def otp(user: str, **changes: Any) -> dict[str, Any]:
@@ -165,3 +173,47 @@ def test_redis_down_is_503(settings: HeraldSettings) -> None:
             assert resp.status_code == 503 and resp.json()["code"] == "redis_unavailable"
             assert http.get("/v1/users/u-1/inbox/unread-count").status_code == 503
             assert http.get("/healthz").status_code == 503
+
+
+def test_a_key_sends_only_the_types_and_segments_it_is_allowed(api: RunningApi) -> None:
+    """The orders service's key (types = ["order_shipped"], segments = []) cannot send an OTP
+    or a password reset with its own URL, nor target a segment."""
+    user = f"u-{uuid.uuid4().hex}"
+    with api.client(key=ORDERS_KEY) as http:
+        ok = http.post("/v1/notifications", json=_request(user, "order_shipped", order_id="1"))
+        otp = http.post("/v1/notifications", json=_request(user, "otp_login", code="123456"))
+        reset = http.post("/v1/notifications", json=_request(
+            user, "password_reset", reset_url="https://evil.example/r"))  # fmt: skip
+        to_all = {**_request(user, "order_shipped", order_id="1"),
+                  "recipients": {"segment_id": "all"}}  # fmt: skip
+        segment = http.post("/v1/notifications", json=to_all)
+    assert ok.status_code == 202, ok.text
+    for resp in (otp, reset):
+        assert resp.status_code == 403 and resp.json()["code"] == "type_not_allowed", resp.text
+    assert segment.status_code == 403 and segment.json()["code"] == "segment_not_allowed"
+
+
+def _request(user: str, notification_type: str, **params: str) -> dict[str, Any]:
+    return {"request_id": f"r-{uuid.uuid4().hex}", "notification_type": notification_type,
+            "recipients": {"user_ids": [user]}, "params": params}  # fmt: skip
+
+
+def test_verified_needs_its_scope_and_whole_addresses_need_pii_read(api: RunningApi) -> None:
+    """A key with devices:write alone cannot mark a phone verified (which OTPs trust), and
+    reads phone numbers and email addresses masked."""
+    user = f"u-{uuid.uuid4().hex}"
+    phone = {"phone": {"e164": "+41791234567", "verified": True}}
+    with api.client(key=DEVICES_KEY) as http:
+        refused = http.put(f"/v1/users/{user}/contact-points", json=phone)
+        plain = {"phone": {"e164": "+41791234567"}, "email": {"address": "alice@example.com"}}
+        unverified = http.put(f"/v1/users/{user}/contact-points", json=plain)
+        masked = http.get(f"/v1/users/{user}/contact-points").json()
+    with api.client() as http:  # every scope
+        assert http.put(f"/v1/users/{user}/contact-points", json=phone).status_code == 200
+        whole = http.get(f"/v1/users/{user}/contact-points").json()
+    assert refused.status_code == 403 and refused.json()["scope"] == "contact_points:verify"
+    assert unverified.status_code == 200, unverified.text
+    assert masked["phone"] == {"e164": "+41*******67", "verified": False}
+    assert masked["email"]["address"] == "a***@example.com"
+    assert whole["phone"] == {"e164": "+41791234567", "verified": True}
+    assert whole["email"]["address"] == "alice@example.com"

@@ -30,6 +30,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from herald import links
 from herald.errors import ConfigError
 
 SCOPES = frozenset(
@@ -45,6 +46,7 @@ SCOPES = frozenset(
         "otp:verify",
         "contact_points:verify",  # set a phone or email as `verified` (else 403)
         "pii:read",  # whole phone numbers and email addresses in responses (else masked)
+        "inbox:token",  # mint end users' inbox tokens (POST /v1/users/{id}/inbox/tokens)
     }
 )
 
@@ -69,6 +71,27 @@ class Tenant:
         return self.segments is None or segment_id in self.segments
 
 
+USER_TOKEN_PREFIX = "hu_"  # end-user inbox tokens; tenant keys never start with it
+USER_TOKEN_SCOPES = frozenset({"inbox:read", "inbox:write"})
+
+
+def mint_user_token(secret: bytes, tenant_id: str, user_id: str, expires: int) -> str:
+    """An end user's inbox token: `user_id`'s inbox only, for the tenant, until `expires`
+    (epoch seconds). Signed like Herald's links (herald/links.py, kind "i")."""
+    claims = {"t": tenant_id, "u": user_id, "e": str(expires)}
+    return USER_TOKEN_PREFIX + links.sign(secret, "i", claims)
+
+
+def user_token_claims(secret: bytes, token: str, now: float) -> tuple[str, str] | None:
+    """(tenant_id, user_id) of a valid, unexpired inbox token; None otherwise."""
+    try:
+        claims = links.verify(secret, "i", token.removeprefix(USER_TOKEN_PREFIX))
+        expires = int(claims["e"])
+    except (links.BadToken, ValueError):
+        return None
+    return (claims["t"], claims["u"]) if now < expires else None
+
+
 def hash_key(key: str) -> str:
     """Hex SHA-256 of an API key (what the tenants file stores)."""
     return hashlib.sha256(key.encode()).hexdigest()
@@ -79,6 +102,15 @@ class Tenants:
 
     def __init__(self, by_hash: dict[str, Tenant]) -> None:
         self._by_hash = by_hash
+        self._rates = {t.tenant_id: t.rate_limit_per_second for t in by_hash.values()}
+
+    def end_user(self, tenant_id: str, user_id: str) -> Tenant | None:
+        """The authority of an end user's inbox token of `tenant_id` (its rate, the inbox
+        scopes); None when the tenant no longer has a key (its tokens die with it)."""
+        rate = self._rates.get(tenant_id)
+        if rate is None:
+            return None
+        return Tenant(tenant_id, f"user:{user_id}", USER_TOKEN_SCOPES, rate)
 
     def authenticate(self, key: str | None) -> Tenant | None:
         """The tenant of `key`, or None when it is missing or unknown."""

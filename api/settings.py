@@ -101,6 +101,8 @@ class ApiSettings(BaseSettings):
     status_ttl_seconds: int = Field(default=30 * 24 * 3600, ge=60)
     send_at_max_past_seconds: int = Field(default=300, ge=0)
     inbox_max_items: int = Field(default=500, ge=1)
+    # Lifetime of an end user's inbox token (POST /v1/users/{id}/inbox/tokens).
+    inbox_token_ttl_seconds: int = Field(default=900, ge=60, le=86400)
     # OTP abuse limits: (count, window seconds) per phone, end-user IP and end-user device.
     otp_per_phone: tuple[int, int] = (5, 600)
     otp_per_ip: tuple[int, int] = (20, 600)

@@ -15,7 +15,7 @@ from redis.asyncio import Redis
 from redis.exceptions import LockError, RedisError
 
 from api import keys
-from api.auth import Tenant, Tenants
+from api.auth import USER_TOKEN_PREFIX, Tenant, Tenants, user_token_claims
 from api.kafka import AsyncProducer
 from api.metrics import ApiMetrics
 from api.problems import ProblemError
@@ -118,6 +118,35 @@ def authenticate_key(st: AppState, key: str | None, scope: str) -> Tenant:
         st.metrics.rejected.labels("insufficient_scope").inc()
         raise ProblemError(403, "insufficient_scope", f"this key lacks scope {scope}", scope=scope)
     return tenant
+
+
+def user_authority(st: AppState, credential: str | None, user_id: str, scope: str) -> Tenant:
+    """Who may act on `user_id`'s inbox: that user's inbox token (api/auth.py; 401
+    `invalid_user_token` when bad or expired, 403 `other_users_inbox` for another user), or a
+    tenant key with `scope` (`authenticate_key`)."""
+    if not credential or not credential.startswith(USER_TOKEN_PREFIX):
+        return authenticate_key(st, credential, scope)
+    found = user_token_claims(st.settings.links.secret_bytes(), credential, time.time())
+    tenant = None if found is None else st.tenants.end_user(*found)
+    if found is None or tenant is None:
+        st.metrics.rejected.labels("invalid_user_token").inc()
+        raise ProblemError(
+            401, "invalid_user_token", "the inbox token is invalid or expired: the app's "
+            "backend mints a new one", headers={"WWW-Authenticate": 'Bearer realm="herald"'},
+        )  # fmt: skip
+    if found[1] != user_id:
+        st.metrics.rejected.labels("other_users_inbox").inc()
+        raise ProblemError(403, "other_users_inbox", "this token is for another user's inbox")
+    return tenant
+
+
+async def guarded_user(request: Request, user_id: str, scope: str) -> tuple[AppState, Tenant]:
+    """`guarded` for the end-user routes (the inbox): an inbox token of `user_id`, or a tenant
+    key with `scope`, in the headers only (a query string is logged by proxies)."""
+    st = state_of(request)
+    tenant = user_authority(st, api_key_of(request), user_id, scope)
+    await check_rate(st, tenant)
+    return st, tenant
 
 
 def check_authority(

@@ -3,12 +3,14 @@ and the "opened" URL in a push's data.
 
     token = base64url(JSON claims) "." base64url(HMAC-SHA256(secret, kind + "|" + claims))
 
-Kinds: "o" open, "c" click, "p" push opened, "u" unsubscribe. Open, click and push claims: `d`
-delivery_id, `n` notification_id, `u` user_id, `t` tenant_id, `y` notification type, `c`
-traffic class, and for clicks `l` the target URL (http/https only). Unsubscribe claims: `u`
-user_id and `k` the "category:channel" opt-out it records. The kind is part of the MAC, so an
-open token cannot be replayed as a click or an unsubscribe. A click redirects only to the URL
-inside a valid token: there is no URL parameter, so the endpoint is never an open redirect.
+Kinds: "o" open, "c" click, "p" push opened, "u" unsubscribe, "i" an end user's inbox token
+(claims `t` tenant_id, `u` user_id, `e` expiry in epoch seconds: api/auth.py). Open, click and
+push claims: `d` delivery_id, `n` notification_id, `u` user_id, `t` tenant_id, `y` notification
+type, `c` traffic class, and for clicks `l` the target URL (http/https only). Unsubscribe
+claims: `u` user_id and `k` the "category:channel" opt-out it records. The kind is part of the
+MAC, so an open token cannot be replayed as a click or an unsubscribe. A click redirects only to
+the URL inside a valid token: there is no URL parameter, so the endpoint is never an open
+redirect.
 
 The secret and the public base URL of the API are `herald.config.LinksSettings` (the API
 verifies, dispatch signs: sinks/providers/sendgrid.py tracks every email's links and opens and
@@ -28,10 +30,10 @@ from urllib.parse import urlsplit
 
 import orjson
 
-Kind = Literal["o", "c", "p", "u"]
+Kind = Literal["o", "c", "p", "u", "i"]
 MAX_TOKEN = 4096
 # the claims every token of a kind carries
-_REQUIRED: dict[str, str] = {"o": "dnu", "c": "dnu", "p": "dnu", "u": "uk"}
+_REQUIRED: dict[str, str] = {"o": "dnu", "c": "dnu", "p": "dnu", "u": "uk", "i": "tue"}
 
 
 class BadToken(ValueError):

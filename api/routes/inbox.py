@@ -6,9 +6,13 @@
     GET  /v1/users/{user_id}/inbox/unread-count        {unread}
     WS   /v1/users/{user_id}/inbox/ws                  pushes {"type": "item"|"unread", ...}
 
-The WebSocket authenticates like the rest (X-API-Key / Bearer; browsers, which cannot set
-headers on a WebSocket, may pass `?api_key=`), needs scope inbox:read, sends the unread count
-first, then every event published on the user's channel.
+    POST /v1/users/{user_id}/inbox/tokens              the user's inbox token → 201
+
+Who calls: the user's app, with the inbox token its backend minted (scope inbox:token; valid
+`inbox_token_ttl_seconds`, for that user's inbox only) as `Authorization: Bearer`; on the
+WebSocket, which browsers cannot give headers, as `?token=`. A tenant key (scope inbox:read or
+inbox:write) works too, in the headers only: never in a URL, which proxies and servers log.
+The WebSocket sends the unread count first, then every event published on the user's channel.
 
 Engagement (api/engagement.py): an item an app fetched (a listed page) or was pushed (over the
 WebSocket) for the first time is DELIVERED; an item marked read (one, or all) is READ, after its
@@ -21,6 +25,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
+import time
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 import orjson
@@ -30,10 +37,12 @@ from pydantic import BaseModel
 from redis.exceptions import RedisError
 
 from api import inbox, keys
+from api.auth import USER_TOKEN_PREFIX, mint_user_token
 from api.engagement import Engagement, emit
+from api.models import PATH_ID_PATTERN
 from api.problems import ProblemError, dumps, problem_responses
 from api.routes import PathId
-from api.state import AppState, guarded, redis_unavailable
+from api.state import AppState, guarded, guarded_user, redis_unavailable, user_authority
 
 log = logging.getLogger(__name__)
 router = APIRouter(tags=["inbox"])
@@ -78,7 +87,7 @@ async def list_inbox(
     cursor: Annotated[str | None, Query(max_length=200)] = None,
 ) -> Response:
     """Newest first; pass `next_cursor` back as `cursor` for the next page."""
-    st, _ = await guarded(request, "inbox:read")
+    st, _ = await guarded_user(request, user_id, "inbox:read")
     position = inbox.decode_cursor(cursor) if cursor else None
     if cursor and position is None:
         raise ProblemError(400, "invalid_cursor", "cursor is not one this API returned")
@@ -116,7 +125,7 @@ async def _read(st: AppState, user_id: str, items: list[dict[str, Any]]) -> None
     responses=problem_responses(401, 403, 429, 503), summary="Mark every item read",
 )  # fmt: skip
 async def read_all(user_id: UserId, request: Request) -> Response:
-    st, _ = await guarded(request, "inbox:write")
+    st, _ = await guarded_user(request, user_id, "inbox:write")
     try:
         await _read(st, user_id, await inbox.mark_all_read(st.redis, user_id))
     except RedisError as exc:
@@ -129,7 +138,7 @@ async def read_all(user_id: UserId, request: Request) -> Response:
     responses=problem_responses(401, 403, 404, 429, 503), summary="Mark one item read",
 )  # fmt: skip
 async def read_one(user_id: UserId, item_id: ItemId, request: Request) -> Response:
-    st, _ = await guarded(request, "inbox:write")
+    st, _ = await guarded_user(request, user_id, "inbox:write")
     try:
         marked = await inbox.mark_read(st.redis, user_id, item_id)
         if marked is not None and marked[1] is not None:
@@ -146,23 +155,50 @@ async def read_one(user_id: UserId, item_id: ItemId, request: Request) -> Respon
     responses=problem_responses(401, 403, 429, 503), summary="Unread count",
 )  # fmt: skip
 async def get_unread(user_id: UserId, request: Request) -> Response:
-    st, _ = await guarded(request, "inbox:read")
+    st, _ = await guarded_user(request, user_id, "inbox:read")
     try:
         return _json({"unread": await inbox.unread_count(st.redis, user_id)})
     except RedisError as exc:
         raise redis_unavailable(st, exc) from exc
 
 
+class InboxToken(BaseModel):
+    token: str
+    user_id: str
+    expires_at: datetime
+
+
+@router.post(
+    "/v1/users/{user_id}/inbox/tokens", status_code=201, response_model=InboxToken,
+    responses=problem_responses(401, 403, 429, 503), summary="Mint an end user's inbox token",
+)  # fmt: skip
+async def mint_inbox_token(user_id: UserId, request: Request) -> Response:
+    """For the tenant's backend: a token the user's app sends on this user's inbox routes and
+    WebSocket (see the module docstring), valid `inbox_token_ttl_seconds`."""
+    st, tenant = await guarded(request, "inbox:token")
+    expires = int(time.time()) + st.api.inbox_token_ttl_seconds
+    token = mint_user_token(st.settings.links.secret_bytes(), tenant.tenant_id, user_id, expires)
+    body = {"token": token, "user_id": user_id, "expires_at": datetime.fromtimestamp(expires, UTC)}
+    return Response(dumps(body), status_code=201, media_type="application/json")
+
+
 @router.websocket("/v1/users/{user_id}/inbox/ws")
 async def inbox_ws(websocket: WebSocket, user_id: str) -> None:
     """Push new items and unread counts to an online user."""
     st: AppState = websocket.app.state.herald
-    key = websocket.headers.get("x-api-key") or websocket.query_params.get("api_key")
+    key = websocket.headers.get("x-api-key")
     auth = websocket.headers.get("authorization", "")
     if not key and auth[:7].lower() == "bearer ":
         key = auth[7:].strip()
-    tenant = st.tenants.authenticate(key)
-    if tenant is None or "inbox:read" not in tenant.scopes or not 0 < len(user_id) <= 128:
+    token = websocket.query_params.get("token")
+    if not key and token and token.startswith(USER_TOKEN_PREFIX):
+        key = token  # only an inbox token may travel in the URL
+    try:
+        user_authority(st, key, user_id, "inbox:read")
+    except ProblemError:
+        await websocket.close(code=1008)
+        return
+    if not re.fullmatch(PATH_ID_PATTERN, user_id):
         await websocket.close(code=1008)
         return
     pubsub = st.redis.pubsub()

@@ -145,3 +145,62 @@ def test_fetched_pushed_and_read_items_become_delivered_and_read_events(api: Run
         "bulk",
         user,
     )
+
+
+def _refused(ws_url: str, **headers: str) -> bool:
+    try:
+        with connect(ws_url, additional_headers=headers, open_timeout=5) as ws:
+            ws.recv(timeout=2)
+    except Exception as exc:  # rejected handshake or immediate close
+        return "accepted" not in str(exc)
+    return False
+
+
+def test_an_end_users_inbox_token_opens_that_inbox_only(api: RunningApi) -> None:
+    """The backend mints a short-lived token for one user (scope inbox:token); the user's app
+    reads and marks its inbox with it, and opens the WebSocket with `?token=`; the token opens
+    no other inbox, mints nothing, and a tenant key is never taken from a URL."""
+    user, other = f"u-{uuid.uuid4().hex[:8]}", f"u-{uuid.uuid4().hex[:8]}"
+    fill(api, user, 2)
+    with api.client() as http:
+        minted = http.post(f"/v1/users/{user}/inbox/tokens")
+        not_allowed = http.post(f"/v1/users/{user}/inbox/tokens", headers={"X-API-Key": READ_KEY})
+    assert minted.status_code == 201, minted.text
+    assert not_allowed.status_code == 403
+    token = minted.json()["token"]
+    assert minted.json()["user_id"] == user and token.startswith("hu_")
+    bearer = {"Authorization": f"Bearer {token}"}
+    with api.client(key=None) as http:
+        page = http.get(f"/v1/users/{user}/inbox", headers=bearer)
+        read = http.post(f"/v1/users/{user}/inbox/d-000/read", headers=bearer)
+        foreign = http.get(f"/v1/users/{other}/inbox", headers=bearer)
+        mint = http.post(f"/v1/users/{user}/inbox/tokens", headers=bearer)
+        forged = http.get(f"/v1/users/{user}/inbox", headers={"Authorization": f"Bearer {token}x"})
+        in_url = http.get(f"/v1/users/{user}/inbox", params={"api_key": FULL_KEY})
+    assert page.status_code == 200 and len(page.json()["items"]) == 2
+    assert read.json() == {"unread": 1}
+    assert foreign.status_code == 403 and foreign.json()["code"] == "other_users_inbox"
+    assert mint.status_code == 401  # an end user's token is no tenant key
+    assert forged.status_code == 401 and forged.json()["code"] == "invalid_user_token"
+    assert in_url.status_code == 401
+    ws = api.url.replace("http://", "ws://") + "/v1/users/{}/inbox/ws"
+    with connect(ws.format(user) + f"?token={token}", open_timeout=5) as sock:
+        assert json.loads(sock.recv(timeout=5)) == {"type": "unread", "unread": 1}
+    assert _refused(ws.format(other) + f"?token={token}")
+    assert _refused(ws.format(user) + f"?api_key={FULL_KEY}")
+    assert _refused(ws.format(user) + f"?token={FULL_KEY}")
+
+
+def test_an_expired_inbox_token_is_refused(api: RunningApi) -> None:
+    from api.auth import mint_user_token
+
+    user = f"u-{uuid.uuid4().hex[:8]}"
+    secret = api.settings.links.secret_bytes()
+    expired = mint_user_token(secret, "acme", user, int(time.time()) - 1)
+    live = mint_user_token(secret, "acme", user, int(time.time()) + 60)
+    gone_tenant = mint_user_token(secret, "no-such-tenant", user, int(time.time()) + 60)
+    with api.client(key=None) as http:
+        codes = [http.get(f"/v1/users/{user}/inbox/unread-count",
+                          headers={"Authorization": f"Bearer {t}"}).status_code
+                 for t in (expired, live, gone_tenant)]  # fmt: skip
+    assert codes == [401, 200, 401]

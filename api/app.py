@@ -72,6 +72,7 @@ def create_app(
         try:
             yield
         finally:
+            await st.close_inbox_hub()
             st.producer.close()
             if st.fast is not None:
                 await st.fast.close()

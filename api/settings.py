@@ -101,6 +101,11 @@ class ApiSettings(BaseSettings):
     status_ttl_seconds: int = Field(default=30 * 24 * 3600, ge=60)
     send_at_max_past_seconds: int = Field(default=300, ge=0)
     inbox_max_items: int = Field(default=500, ge=1)
+    # Live inbox sockets per user and per tenant on one API process (api/inbox_hub.py), and
+    # how long a socket may stay open without an event or a client frame.
+    inbox_ws_per_user: int = Field(default=8, ge=1)
+    inbox_ws_per_tenant: int = Field(default=20_000, ge=1)
+    inbox_ws_idle_seconds: float = Field(default=3600.0, gt=0)
     # Lifetime of an end user's inbox token (POST /v1/users/{id}/inbox/tokens).
     inbox_token_ttl_seconds: int = Field(default=900, ge=60, le=86400)
     # OTP abuse limits: (count, window seconds) per phone, end-user IP and end-user device.

@@ -16,6 +16,7 @@ from redis.exceptions import LockError, RedisError
 
 from api import keys
 from api.auth import USER_TOKEN_PREFIX, Tenant, Tenants, user_token_claims
+from api.inbox_hub import InboxHub
 from api.kafka import AsyncProducer
 from api.metrics import ApiMetrics
 from api.problems import ProblemError
@@ -51,6 +52,21 @@ class AppState:
     scripts: dict[str, Any] = field(default_factory=dict)
     # Pipelining client for scripts (api/resp.py); None on Redis Cluster or without hiredis.
     fast: Any = None
+    _hub: InboxHub | None = None
+
+    @property
+    def inbox_hub(self) -> InboxHub:
+        """The process's live inbox subscriptions (made on first use: it needs the loop)."""
+        if self._hub is None:
+            self._hub = InboxHub(
+                self.redis, self.api.inbox_ws_per_user, self.api.inbox_ws_per_tenant
+            )
+        return self._hub
+
+    async def close_inbox_hub(self) -> None:
+        """End the live inbox subscriptions (the app's shutdown)."""
+        if self._hub is not None:
+            await self._hub.close()
 
     async def script(self, source: str, keys: list[str], args: list[Any]) -> Any:
         """Run a Lua script by SHA (EVALSHA; loaded on first use or after a Redis restart)."""

@@ -36,7 +36,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel
 from redis.exceptions import RedisError
 
-from api import inbox, keys
+from api import inbox
 from api.auth import USER_TOKEN_PREFIX, mint_user_token
 from api.engagement import Engagement, emit
 from api.models import PATH_ID_PATTERN
@@ -194,34 +194,56 @@ async def inbox_ws(websocket: WebSocket, user_id: str) -> None:
     if not key and token and token.startswith(USER_TOKEN_PREFIX):
         key = token  # only an inbox token may travel in the URL
     try:
-        user_authority(st, key, user_id, "inbox:read")
+        tenant = user_authority(st, key, user_id, "inbox:read")
     except ProblemError:
         await websocket.close(code=1008)
         return
-    if not re.fullmatch(PATH_ID_PATTERN, user_id):
-        await websocket.close(code=1008)
+    hub = st.inbox_hub
+    refused = hub.refusal(tenant.tenant_id, user_id)
+    if refused is not None or not re.fullmatch(PATH_ID_PATTERN, user_id):
+        st.metrics.rejected.labels("inbox_ws_refused").inc()
+        await websocket.close(code=1008 if refused is None else 1013, reason=refused or "")
         return
-    pubsub = st.redis.pubsub()
     try:
-        await pubsub.subscribe(keys.inbox_channel(user_id))
+        queue = await hub.join(tenant.tenant_id, user_id)
+    except RedisError as exc:
+        log.warning("api.inbox_ws_unavailable error=%s", type(exc).__name__)
+        await websocket.close(code=1011)
+        return
+    try:
         await websocket.accept()
         unread = await inbox.unread_count(st.redis, user_id)
         await websocket.send_text(dumps({"type": "unread", "unread": unread}).decode())
-        reader = asyncio.create_task(_drain(websocket))
-        try:
-            while not reader.done():
-                msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=0.5)
-                if msg is not None and msg.get("type") == "message":
-                    await websocket.send_text(str(msg["data"]))
-                    await _pushed(st, user_id, msg["data"])
-        finally:
-            reader.cancel()
+        await _serve(st, websocket, user_id, queue)
     except (WebSocketDisconnect, RedisError, RuntimeError) as exc:
         log.debug("api.inbox_ws_closed reason=%s", type(exc).__name__)
     finally:
-        with contextlib.suppress(Exception):
-            await pubsub.unsubscribe()
-            await pubsub.aclose()
+        await hub.leave(tenant.tenant_id, user_id, queue)
+
+
+async def _serve(
+    st: AppState, websocket: WebSocket, user_id: str, queue: asyncio.Queue[str | None]
+) -> None:
+    """Send the user's events until the client leaves, the hub ends the socket, or it has been
+    idle (no event, no client frame) for `inbox_ws_idle_seconds`."""
+    reader = asyncio.create_task(_drain(websocket, queue))
+    try:
+        while True:
+            try:
+                data = await asyncio.wait_for(queue.get(), st.api.inbox_ws_idle_seconds)
+            except TimeoutError:
+                await websocket.close(code=1000, reason="idle")
+                return
+            if data is None or reader.done():
+                with contextlib.suppress(RuntimeError):
+                    await websocket.close(code=1001 if data is None else 1000)
+                return
+            if data == _ALIVE:
+                continue
+            await websocket.send_text(data)
+            await _pushed(st, user_id, data)
+    finally:
+        reader.cancel()
 
 
 async def _pushed(st: AppState, user_id: str, data: Any) -> None:
@@ -232,8 +254,16 @@ async def _pushed(st: AppState, user_id: str, data: Any) -> None:
             await _delivered(st, user_id, [event["item"]], "websocket")
 
 
-async def _drain(websocket: WebSocket) -> None:
-    """Read (and ignore) client frames until it disconnects."""
+_ALIVE = ""  # put in a socket's queue for a client frame: not idle (never an event)
+
+
+async def _drain(websocket: WebSocket, queue: asyncio.Queue[str | None]) -> None:
+    """Read client frames (each one keeps the socket from idling) until it disconnects, then
+    end the socket."""
     with contextlib.suppress(WebSocketDisconnect, RuntimeError):
         while True:
             await websocket.receive_text()
+            with contextlib.suppress(asyncio.QueueFull):
+                queue.put_nowait(_ALIVE)
+    with contextlib.suppress(asyncio.QueueFull):
+        queue.put_nowait(None)

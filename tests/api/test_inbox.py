@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
+from typing import Any
 
 import redis
+from websockets.asyncio.client import connect as ws_connect
 from websockets.sync.client import connect
 
 from api.inbox import add_inbox_item, inbox_item
@@ -82,8 +85,7 @@ def test_websocket_pushes_items_and_counts(api: RunningApi) -> None:
     user = f"u-{uuid.uuid4().hex[:8]}"
     ws_url = api.url.replace("http://", "ws://") + f"/v1/users/{user}/inbox/ws"
     with connect(ws_url, additional_headers={"X-API-Key": FULL_KEY}, open_timeout=5) as ws:
-        assert json.loads(ws.recv(timeout=5)) == {"type": "unread", "unread": 0}
-        time.sleep(0.2)
+        assert json.loads(ws.recv(timeout=5)) == {"type": "unread", "unread": 0}  # subscribed
         add_inbox_item(client(api), user, inbox_item("d-1", "Hi", "there", 5))
         pushed = json.loads(ws.recv(timeout=5))
         assert pushed["type"] == "item" and pushed["unread"] == 1
@@ -204,3 +206,42 @@ def test_an_expired_inbox_token_is_refused(api: RunningApi) -> None:
                           headers={"Authorization": f"Bearer {t}"}).status_code
                  for t in (expired, live, gone_tenant)]  # fmt: skip
     assert codes == [401, 200, 401]
+
+
+def test_more_sockets_than_redis_connections_and_a_cap_per_user(api: RunningApi) -> None:
+    """600 live sockets on one API process (each once held one of the 256 pooled Redis
+    connections: the 260th was an HTTP 500) share one subscription; an item reaches its user's
+    sockets only; a user's 9th socket is refused (inbox_ws_per_user = 8)."""
+    base = api.url.replace("http://", "ws://") + "/v1/users/{}/inbox/ws"
+    users = [f"u-{uuid.uuid4().hex[:8]}" for _ in range(75)]
+    headers = {"X-API-Key": FULL_KEY}
+
+    async def scenario() -> tuple[list[str], BaseException | None]:
+        async def open_one(user: str) -> Any:
+            sock = await ws_connect(base.format(user), additional_headers=headers)
+            assert json.loads(await sock.recv()) == {"type": "unread", "unread": 0}
+            return sock
+
+        socks = []
+        for user in users:  # 8 each: the cap
+            socks += await asyncio.gather(*(open_one(user) for _ in range(8)))
+        refused: BaseException | None = None
+        try:
+            extra = await open_one(users[0])
+            await extra.recv()
+        except Exception as exc:  # closed at the handshake or right after it
+            refused = exc
+        r = client(api)
+        add_inbox_item(r, users[3], inbox_item("d-1", "Hi", "there", 5))
+        for user in users:  # after d-1 on the one subscription: each user's own item
+            if user != users[3]:
+                add_inbox_item(r, user, inbox_item(f"own-{user}", "Hi", "there", 6))
+        first = await asyncio.gather(*(s.recv() for s in socks))
+        for sock in socks:
+            await sock.close()
+        return [json.loads(f)["item"]["item_id"] for f in first], refused
+
+    first, refused = asyncio.run(scenario())
+    expected = [("d-1" if u == users[3] else f"own-{u}") for u in users for _ in range(8)]
+    assert first == expected  # d-1 reached its user's 8 sockets, and no other socket
+    assert refused is not None and "403" in str(refused), refused  # closed at the handshake

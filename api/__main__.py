@@ -27,7 +27,8 @@ def main(argv: list[str] | None = None) -> None:
     uvicorn.run(
         "api.app:create_app_from_env", factory=True, host=args.host, port=args.port,
         workers=args.workers, log_level=args.log_level, access_log=False, loop="auto",
-        http="auto", ws="websockets-sansio", timeout_graceful_shutdown=10,
+        http="auto", ws="websockets-sansio", ws_per_message_deflate=False,
+        timeout_graceful_shutdown=10,
     )  # fmt: skip
 
 

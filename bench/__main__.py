@@ -42,6 +42,8 @@ SCENARIOS: dict[str, tuple[str, float]] = {
     "dispatch": ("bench._adapters:dispatch", 600),
     "otp_latency": ("bench.otp_latency:result", 480),
     "smoothing": ("bench.smoothing:result", 420),
+    # inbox WebSockets on one API process beside the accept latency
+    "inbox_sockets": ("bench.inbox_sockets:result", 600),
     "recovery": ("bench._adapters:recovery", 900),
 }
 # Scenarios whose module another piece of work adds; absent → "not run", never a failure.

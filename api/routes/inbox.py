@@ -230,7 +230,8 @@ async def _serve(
     try:
         while True:
             try:
-                data = await asyncio.wait_for(queue.get(), st.api.inbox_ws_idle_seconds)
+                async with asyncio.timeout(st.api.inbox_ws_idle_seconds):  # no task, as wait_for
+                    data = await queue.get()
             except TimeoutError:
                 await websocket.close(code=1000, reason="idle")
                 return

@@ -96,8 +96,9 @@ def create_app(
     _include_routers(app)
     app.add_api_route("/healthz", healthz, methods=["GET"], tags=["ops"], summary="Liveness")
     app.add_api_route(
-        "/metrics", metrics, methods=["GET"], tags=["ops"], summary="Prometheus metrics"
-    )
+        "/metrics", metrics, methods=["GET"], tags=["ops"], summary="Prometheus metrics",
+        responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}},
+    )  # fmt: skip
     return app
 
 

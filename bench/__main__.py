@@ -44,6 +44,8 @@ SCENARIOS: dict[str, tuple[str, float]] = {
     "smoothing": ("bench.smoothing:result", 420),
     # inbox WebSockets on one API process beside the accept latency
     "inbox_sockets": ("bench.inbox_sockets:result", 600),
+    # bad inputs of every kind against the API, the callbacks and the topics of a whole stack
+    "hostile": ("bench.hostile:result", 1200),
     "recovery": ("bench._adapters:recovery", 900),
 }
 # Scenarios whose module another piece of work adds; absent → "not run", never a failure.

@@ -32,11 +32,6 @@ def _unprocessable(code: str, loc: list[str | int], msg: str) -> ProblemError:
     return ProblemError(422, code, msg, errors=[{"loc": loc, "code": code, "msg": msg}])
 
 
-def is_otp(nt: NotificationType) -> bool:
-    """OTP types: an `otp` flag in the catalog entry, or a type name starting with `otp_`."""
-    return bool(getattr(nt, "otp", False)) or nt.name.startswith("otp_")
-
-
 def check_against_catalog(body: NotificationCreate, catalog: Catalog) -> NotificationType:
     """The type's catalog entry, once the request fits it; raises 422 otherwise."""
     try:
@@ -76,7 +71,7 @@ def check_against_catalog(body: NotificationCreate, catalog: Catalog) -> Notific
             raise _unprocessable(
                 "missing_param", ["body", "params", name], f"the template needs param {name!r}"
             )
-    if is_otp(nt) and body.recipients.segment_id is not None:
+    if nt.otp and body.recipients.segment_id is not None:
         raise _unprocessable(
             "otp_requires_user_ids", ["body", "recipients", "segment_id"],
             "OTP types are sent to explicit user_ids",

@@ -12,7 +12,8 @@ user's keys live in one slot and multi-key scripts on them work on a cluster.
                                         provider, updated_at (RFC 3339)}; written by the plan,
                                         dispatch, receipts jobs (`api.status.put_delivery_status`)
     rl:<tenant>:<epoch second>  int     per-tenant request counter, TTL 2 s
-    otp:lim:<kind>:<digest>     int     OTP sends per phone|ip|device in the current window
+    otp:lim:{<kind>:<digest>}   int     OTP sends per phone|ip|device in the current window
+    otp:lim:{<kind>:<digest>}:n:<nid>  string  notification nid counted there (plan job, once)
     otp:verified:{nid}          string  set once by POST /v1/otp/{nid}/verified
     otp:stats:<yyyymmddhh>      hash    "<type>:sent" / "<type>:verified" counters, TTL 48 h
     prefs:{user}                string  JSON user_preferences record (copy written after Kafka ack)
@@ -64,7 +65,12 @@ def rate(tenant_id: str, second: int) -> str:
 
 def otp_limit(kind: str, value: str) -> str:
     digest = hashlib.sha256(value.encode()).hexdigest()[:24]
-    return f"otp:lim:{kind}:{digest}"
+    return f"otp:lim:{{{kind}:{digest}}}"
+
+
+def otp_charge(limit_key: str, nid: str) -> str:
+    """Marks that notification `nid` was counted in `limit_key` (the plan job's charges)."""
+    return f"{limit_key}:n:{nid}"
 
 
 def otp_verified(nid: str) -> str:

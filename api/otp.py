@@ -47,11 +47,6 @@ return {0, 0}
 STATS_TTL_SECONDS = 48 * 3600
 
 
-def prefix_allowed(e164: str, allowed: list[str]) -> bool:
-    """True when `allowed` is empty or `e164` starts with one of its prefixes."""
-    return not allowed or any(e164.startswith(p) for p in allowed)
-
-
 def sms_prefix_problem(loc: list[str | int]) -> ProblemError:
     """422 sms_prefix_not_allowed."""
     msg = "SMS to this country/prefix is not allowed"
@@ -83,7 +78,7 @@ async def check_otp_recipients(st: AppState, user_ids: list[str], sms: bool) -> 
         raise redis_unavailable(st, exc) from exc
     if sms:
         for user_id, phone in phones.items():
-            if not prefix_allowed(phone, st.api.sms_allowed_prefixes):
+            if not st.api.sms_allowed(phone):
                 st.metrics.rejected.labels("sms_prefix_not_allowed").inc()
                 log.info("api.otp_prefix_refused phone=%s", mask_phone(phone))
                 raise sms_prefix_problem(

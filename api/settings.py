@@ -25,6 +25,8 @@ import orjson
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from herald.config import SmsLimits
+
 DEFAULT_TENANTS_FILE = Path(__file__).with_name("tenants.toml")
 
 
@@ -81,7 +83,7 @@ class ProviderSecrets(BaseSettings):
         return str(self.simulator_credentials("email").get("webhook_public_key") or "")
 
 
-class ApiSettings(BaseSettings):
+class ApiSettings(SmsLimits):
     """Limits, TTLs and abuse controls of the API."""
 
     model_config = SettingsConfigDict(env_prefix="HERALD_API_")
@@ -108,12 +110,10 @@ class ApiSettings(BaseSettings):
     inbox_ws_idle_seconds: float = Field(default=3600.0, gt=0)
     # Lifetime of an end user's inbox token (POST /v1/users/{id}/inbox/tokens).
     inbox_token_ttl_seconds: int = Field(default=900, ge=60, le=86400)
-    # OTP abuse limits: (count, window seconds) per phone, end-user IP and end-user device.
-    otp_per_phone: tuple[int, int] = (5, 600)
+    # OTP abuse limits: (count, window seconds) per end-user IP and end-user device (per phone
+    # and the SMS prefixes: herald.config.SmsLimits, shared with the plan job).
     otp_per_ip: tuple[int, int] = (20, 600)
     otp_per_device: tuple[int, int] = (10, 600)
-    # SMS destinations allowed (E.164 prefixes, e.g. ["+41", "+49", "+86"]); empty = all.
-    sms_allowed_prefixes: list[str] = Field(default_factory=list)
     trust_forwarded_for: bool = False
 
     def unsafe_defaults(self) -> list[str]:

@@ -26,10 +26,11 @@ from dataflows._classes import Classes, Template
 from dataflows._copies import BadCopy, UserState
 from dataflows._encode import Encoder
 from dataflows._metrics import CountOutputs
+from dataflows._otp_guard import OtpGuard
 from dataflows._redis import CapCharge, CapCounter, RequestGate, redis_client
 from dataflows._settings import Clock
 from herald.catalog import Catalog, CatalogLookupError
-from herald.config import HeraldSettings
+from herald.config import HeraldSettings, SmsLimits
 from herald.errors import HeraldError
 from herald.plan_records import (
     CapDays,
@@ -131,6 +132,7 @@ class Planner:
         self.renderer = Renderer(catalog)
         self._caps: CapCounter | None = None
         self._state: UserState | None = None
+        self._otp: OtpGuard | None = None
         self._redis_thread: ThreadPoolExecutor | None = None
 
     def __call__(self, batch: list[AudienceBatch]) -> list[Any]:
@@ -157,6 +159,7 @@ class Planner:
         batch, bad = self._state.parse(fetched.batches, fetched.copies.result())
         now = self.clock.now()
         letters: list[Any] = [_bad_copy_letter(b) for b in bad]
+        refused = self._otp_guard().refusals(batch)  # OTPs the API did not charge
         plans: list[_Plan] = []  # users planned in full
         charged: list[tuple[int, CapCharge]] = []  # (index in plans, charge)
         groups: dict[Template, _Group] = {}  # users planned from a template
@@ -166,6 +169,11 @@ class Planner:
             request = planned.request
             nid = request.notification_id
             for view in planned.users:
+                if refused:
+                    refusal = refused.get((id(request), view.user_id))
+                    if refusal is not None:
+                        letters.append(_user_letter(request, view.user_id, None, *refusal))
+                        continue
                 template = classes.get(request, view)
                 if template is not None:
                     group = groups.get(template)
@@ -220,6 +228,12 @@ class Planner:
             return out
 
         return finish
+
+    def _otp_guard(self) -> OtpGuard:
+        if self._otp is None:
+            client = redis_client(self.settings.redis)
+            self._otp = OtpGuard(client, SmsLimits(), self.catalog)
+        return self._otp
 
     def _refused(self, plan: _Plan, now: datetime) -> list[Any]:
         """The records of a user whose cap charge was refused."""

@@ -236,6 +236,11 @@ class NotificationType:
         """True for category transactional (never frequency-capped)."""
         return self.category == "transactional"
 
+    @property
+    def otp(self) -> bool:
+        """One-time codes (a type named `otp_*`): limited per phone on every path."""
+        return self.name.startswith("otp_")
+
     def fallback_channels(self, channel: str) -> tuple[str, ...]:
         """Other channels one fallback step away from `channel`, in order."""
         return _next_channels(self.fallback, channel)

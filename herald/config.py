@@ -153,6 +153,27 @@ class ScheduleSettings(BaseSettings):
         return timedelta(days=self.horizon_days) + self.HOLD_MARGIN
 
 
+class SmsLimits(BaseSettings):
+    """SMS-pumping controls every path into Herald shares: OTP sends per phone number (count,
+    window seconds) and the E.164 prefixes SMS may go to (empty = every country; refused
+    outside the embedded stack, api/settings.py). The API charges the requests it accepts (429
+    `otp_rate_limited`, 422 `sms_prefix_not_allowed`); the plan job charges the OTPs that other
+    producers put on the request topics (a dead letter with the same reason,
+    dataflows/_otp_guard.py). Read from the API's variables (HERALD_API_OTP_PER_PHONE,
+    HERALD_API_SMS_ALLOWED_PREFIXES) by every process."""
+
+    model_config = SettingsConfigDict(env_prefix="HERALD_API_")
+
+    otp_per_phone: tuple[int, int] = (5, 600)
+    sms_allowed_prefixes: list[str] = Field(default_factory=list)
+
+    def sms_allowed(self, e164: str) -> bool:
+        """Whether SMS may go to `e164` (the allow-list is empty or has one of its prefixes)."""
+        return not self.sms_allowed_prefixes or any(
+            e164.startswith(p) for p in self.sms_allowed_prefixes
+        )
+
+
 DEV_LINKS_SECRET = "herald-dev-links-secret-change-me"  # public: refused outside `herald up`
 MIN_LINKS_SECRET = 32
 

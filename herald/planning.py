@@ -62,6 +62,7 @@ class PlanRequest:
     segment_id: str | None
     origin: str
     send_local_time: str | None = None
+    source: str = "api"  # who produced the record: api | producer | outbox | digest
 
     @property
     def template_version(self) -> int | None:
@@ -103,6 +104,7 @@ def admit_request(rec: Mapping[str, Any], catalog: Catalog, origin: str) -> Plan
         segment_id=segment_id or None,
         origin=origin,
         send_local_time=rec.get("send_local_time"),
+        source=str(rec.get("source") or ""),
     )
 
 

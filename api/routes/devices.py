@@ -42,7 +42,7 @@ from api.models import (
     with_device,
     without_device,
 )
-from api.otp import prefix_allowed, sms_prefix_problem
+from api.otp import sms_prefix_problem
 from api.pii import mask_email, mask_phone
 from api.problems import ProblemError, dumps, problem_responses
 from api.routes import PathId
@@ -220,7 +220,7 @@ async def put_contact_points(
             403, "insufficient_scope", f"setting `verified` needs scope {VERIFY_SCOPE}",
             scope=VERIFY_SCOPE,
         )  # fmt: skip
-    if body.phone is not None and not prefix_allowed(body.phone.e164, st.api.sms_allowed_prefixes):
+    if body.phone is not None and not st.api.sms_allowed(body.phone.e164):
         st.metrics.rejected.labels("sms_prefix_not_allowed").inc()
         raise sms_prefix_problem(["body", "phone", "e164"])
     record = await _modify(st, user_id, lambda cur, now: with_contact_update(cur, body, now))

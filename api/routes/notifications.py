@@ -27,7 +27,7 @@ from redis.exceptions import RedisError
 
 from api import keys
 from api.auth import Tenant
-from api.intake import body_hash, check_against_catalog, check_times, is_otp
+from api.intake import body_hash, check_against_catalog, check_times
 from api.models import NotificationAccepted, NotificationCreate, to_request_record
 from api.otp import charge_otp_limits, check_otp_recipients, count_otp
 from api.problems import ProblemError, dumps, problem_responses
@@ -124,7 +124,7 @@ async def accept(
     nt = check_against_catalog(body, st.catalog)
     check_authority(st, tenant, nt.name, body.recipients.segment_id)
     check_times(body, now, st.api.send_at_max_past_seconds, st.settings.schedule.horizon_days)
-    otp = is_otp(nt)
+    otp = nt.otp
     phones: set[str] = set()
     if otp:
         channels = body.channels or nt.allowed_channels

@@ -213,3 +213,48 @@ def test_frequency_cap_and_duplicate_requests(settings: HeraldSettings) -> None:
     for user in users:
         key = cap_key(user, "marketing", datetime.now(UTC).date())
         assert client.get(key) == b"3" and 0 < client.ttl(key) <= 25 * 3600
+
+
+def test_producer_path_otps_meet_the_phone_limit_and_the_country_list(
+    settings: HeraldSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """OTPs that did not come through the API (a producer, or a record claiming "api" that the
+    API never accepted) are charged per phone and checked against the SMS prefixes in plan, as
+    the API would: over the limit or outside the list is a dead letter with the API's reason;
+    one the API accepted (and charged) is planned without a second charge."""
+    monkeypatch.setenv("HERALD_API_OTP_PER_PHONE", "[2, 600]")
+    monkeypatch.setenv("HERALD_API_SMS_ALLOWED_PREFIXES", '["+41"]')
+    p = settings.kafka.topic_prefix
+    swiss, pumped = f"{p}swiss", f"{p}pumped"
+    phones = {swiss: "+41791234567", pumped: "+88212345678"}
+    send(settings, "herald.devices",
+         [{**contacts(u, push=0, email=False), "phone": {"e164": phone, "verified": True}}
+          for u, phone in phones.items()], "user_id")  # fmt: skip
+    client = redis.Redis.from_url(settings.redis.url)
+    client.set(f"idem:{{{p}api}}", "digest|pending|0")  # the API's claim, before it publishes
+    client.close()
+
+    def otp(name: str, user: str, source: str) -> dict[str, Any]:
+        return request(f"{p}{name}", "otp_login", users=[user], params={"code": "123456"},
+                       traffic_class="transactional", source=source)  # fmt: skip
+
+    requests = [
+        otp("api", swiss, "api"),  # accepted and charged by the API: not charged again
+        otp("o1", swiss, "producer"),
+        otp("o2", swiss, "outbox"),
+        otp("o3", swiss, "producer"),  # the third in the window: over the limit of 2
+        otp("forged", swiss, "api"),  # says "api", but the API never saw it
+        otp("pump", pumped, "producer"),
+    ]
+    send(settings, "herald.requests.transactional", requests, "notification_id")
+
+    run_bounded(settings, "transactional")
+
+    planned = {d["notification_id"] for d in read(settings, "herald.deliveries.sms.transactional")}
+    letters = {d["key"].decode(): d["reason"] for d in read(settings, DEAD_LETTERS)}
+    charged = {f"{p}{name}" for name in ("o1", "o2", "o3", "forged")}  # in any order: 2 pass
+    assert f"{p}api" in planned and len(planned & charged) == 2
+    assert {k for k, reason in letters.items() if reason == "otp_rate_limited"} == (
+        charged - planned
+    )
+    assert letters[f"{p}pump"] == "sms_prefix_not_allowed" and len(letters) == 3

@@ -169,6 +169,7 @@ def create_app_from_env() -> ASGIApp:
         *api.unsafe_defaults(),
         *providers.unsafe_defaults(),
         *settings.links.unsafe_defaults(),
+        *settings.pii.unsafe_defaults(),
     ]
     refuse_unsafe_defaults("the API", settings.run, unsafe)
     if providers.simulator_dir is None and settings.run.embedded:

@@ -39,12 +39,13 @@ The copies (`prefs:{user}`, `cp:{user}`) are written with `COPY_IF_NEWER` by the
 Kafka's ack and by the users job from the changelogs, so an older record never replaces a newer
 one whichever writes last.
 
-Phone numbers and device ids never appear in key names: OTP limit keys use a SHA-256 prefix.
+Phone numbers and device ids never appear in key names: OTP limit keys use an HMAC-SHA256 prefix
+under the PII key (herald.config.PiiSettings).
 """
 
 from __future__ import annotations
 
-import hashlib
+from herald.config import pii_digest
 
 
 def idem(nid: str) -> str:
@@ -63,9 +64,9 @@ def rate(tenant_id: str, second: int) -> str:
     return f"rl:{tenant_id}:{second}"
 
 
-def otp_limit(kind: str, value: str) -> str:
-    digest = hashlib.sha256(value.encode()).hexdigest()[:24]
-    return f"otp:lim:{{{kind}:{digest}}}"
+def otp_limit(kind: str, value: str, key: bytes) -> str:
+    """The OTP counter of a phone, IP or device: a keyed digest of it (PII key), never it."""
+    return f"otp:lim:{{{kind}:{pii_digest(key, value, 24)}}}"
 
 
 def otp_charge(limit_key: str, nid: str) -> str:

@@ -9,7 +9,7 @@ its own address says nothing about the end user):
 
 The phone limit uses the phone of each recipient's contact points (Redis copy). Limits are fixed
 windows; a request over any limit is refused whole with 429 + Retry-After, and nothing is
-counted for it. Keys hold a SHA-256 prefix of the phone/device, never the value.
+counted for it. Keys hold a keyed digest of the phone/device (PII key), never the value.
 """
 
 from __future__ import annotations
@@ -92,13 +92,14 @@ async def charge_otp_limits(
 ) -> None:
     """Count one OTP against the per phone/IP/device limits; 429 when one is used up. Charged
     once per new request (after the idempotency check: a retried request_id is free)."""
+    key = st.settings.pii.key_bytes()
     limits: list[tuple[str, str, tuple[int, int]]] = [
-        ("phone", keys.otp_limit("phone", p), st.api.otp_per_phone) for p in sorted(phones)
+        ("phone", keys.otp_limit("phone", p, key), st.api.otp_per_phone) for p in sorted(phones)
     ]
     if ip:
-        limits.append(("ip", keys.otp_limit("ip", ip), st.api.otp_per_ip))
+        limits.append(("ip", keys.otp_limit("ip", ip, key), st.api.otp_per_ip))
     if device:
-        limits.append(("device", keys.otp_limit("device", device), st.api.otp_per_device))
+        limits.append(("device", keys.otp_limit("device", device, key), st.api.otp_per_device))
     if not limits:
         return
     argv: list[int] = []

@@ -14,8 +14,9 @@ a request planned again after a crash is not charged twice.
 
 A request counts as the API's when its record says so (`source` = "api") and the API's claim
 of it exists (`idem:{nid}`, set before the API charges and publishes; its status header comes
-only after Kafka's ack, too late to tell): a producer cannot skip the limits by writing "api". Only OTP types
-are looked at (`NotificationType.otp`); the others cost one catalog lookup per request.
+only after Kafka's ack, too late to tell): a producer cannot skip the limits by writing "api".
+Only OTP types are looked at (`NotificationType.otp`); the others cost one catalog lookup per
+request.
 """
 
 from __future__ import annotations
@@ -50,9 +51,14 @@ class OtpGuard:
     """See the module docstring."""
 
     def __init__(
-        self, client: redis.Redis | redis.RedisCluster, limits: SmsLimits, catalog: Catalog
+        self,
+        client: redis.Redis | redis.RedisCluster,
+        limits: SmsLimits,
+        catalog: Catalog,
+        pii_key: bytes,
     ) -> None:
         self._client = client
+        self._pii_key = pii_key
         self._limits = limits
         self._catalog = catalog
         self._charge = client.register_script(_CHARGE)
@@ -94,7 +100,7 @@ class OtpGuard:
         return known
 
     def _charged(self, phone: str, notification_id: str) -> bool:
-        counter = keys.otp_limit("phone", phone)
+        counter = keys.otp_limit("phone", phone, self._pii_key)
         count, window = self._limits.otp_per_phone
         marker = keys.otp_charge(counter, notification_id)
         return bool(self._charge(keys=[counter, marker], args=[count, window]))

@@ -232,7 +232,8 @@ class Planner:
     def _otp_guard(self) -> OtpGuard:
         if self._otp is None:
             client = redis_client(self.settings.redis)
-            self._otp = OtpGuard(client, SmsLimits(), self.catalog)
+            pii = self.settings.pii.key_bytes()
+            self._otp = OtpGuard(client, SmsLimits(), self.catalog, pii)
         return self._otp
 
     def _refused(self, plan: _Plan, now: datetime) -> list[Any]:

@@ -92,7 +92,8 @@ def build_flow(
     if settings is None:
         serving = configure_process()
         settings = HeraldSettings()
-        refuse_unsafe_defaults("dispatch", settings.run, settings.links.unsafe_defaults())
+        unsafe = [*settings.links.unsafe_defaults(), *settings.pii.unsafe_defaults()]
+        refuse_unsafe_defaults("dispatch", settings.run, unsafe)
         dispatch = dispatch or DispatchSettings()
         if serving is not None:
             _breaker_metrics(settings, dispatch)

@@ -20,6 +20,8 @@ so the defaults below only matter for a process started by hand.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 from datetime import timedelta
 from pathlib import Path
 from typing import ClassVar
@@ -203,6 +205,38 @@ class LinksSettings(BaseSettings):
         return []
 
 
+DEV_PII_KEY = "herald-dev-pii-key-change-me"  # public: refused outside `herald up`
+
+
+class PiiSettings(BaseSettings):
+    """The key of the digests Herald keeps instead of phone numbers, email addresses and device
+    ids (the OTP limit counters' Redis keys, the `address_tag` on delivery events): HMAC-SHA256
+    under this key, so a copy of Redis or of the events does not give the numbers back by
+    hashing every possible one. `herald up` makes one per run directory; in production set a
+    long random key (changing it resets the OTP counters and unties old address tags)."""
+
+    model_config = SettingsConfigDict(env_prefix="HERALD_PII_")
+
+    key: SecretStr = SecretStr(DEV_PII_KEY)
+
+    def key_bytes(self) -> bytes:
+        return self.key.get_secret_value().encode()
+
+    def unsafe_defaults(self) -> list[str]:
+        """What `refuse_unsafe_defaults` refuses in these settings."""
+        if self.key.get_secret_value() == DEV_PII_KEY:
+            return ["HERALD_PII_KEY is the public development key (phone numbers could be "
+                    "recovered from their digests): set a long random key"]  # fmt: skip
+        if len(self.key.get_secret_value()) < MIN_LINKS_SECRET:
+            return [f"HERALD_PII_KEY is shorter than {MIN_LINKS_SECRET} characters"]
+        return []
+
+
+def pii_digest(key: bytes, value: str, hex_chars: int) -> str:
+    """The first `hex_chars` hex digits of HMAC-SHA256(key, value) (PiiSettings)."""
+    return hmac.new(key, value.encode(), hashlib.sha256).hexdigest()[:hex_chars]
+
+
 class HeraldSettings(BaseSettings):
     """Everything an entry point may need, loaded once."""
 
@@ -213,3 +247,4 @@ class HeraldSettings(BaseSettings):
     run: RunSettings = Field(default_factory=RunSettings)
     schedule: ScheduleSettings = Field(default_factory=ScheduleSettings)
     links: LinksSettings = Field(default_factory=LinksSettings)
+    pii: PiiSettings = Field(default_factory=PiiSettings)

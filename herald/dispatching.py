@@ -309,9 +309,11 @@ def effects(
     attempt: int,
     now: datetime,
     first_attempt_at: datetime | None,
+    pii_key: bytes,
 ) -> Effects:
-    """Map a `herald.retry` action of attempt `attempt` (None outcome: breaker refused it)."""
-    ev = _EventMaker(delivery, attempt, now, provider, outcome)
+    """Map a `herald.retry` action of attempt `attempt` (None outcome: breaker refused it);
+    `pii_key` keys the address tag of an accepted SMS or email (herald.receipts)."""
+    ev = _EventMaker(delivery, attempt, now, provider, outcome, pii_key)
     if isinstance(action, Done):
         return Effects([ev.accepted(action.provider_msg_id)], guard="sent")
     if isinstance(action, Expire):
@@ -349,9 +351,10 @@ class _EventMaker:
         now: datetime,
         provider: str,
         outcome: Outcome | None,
+        pii_key: bytes,
     ) -> None:
         self.delivery, self.attempt, self.now = delivery, attempt, now
-        self.provider, self.outcome = provider, outcome
+        self.provider, self.outcome, self.pii_key = provider, outcome, pii_key
 
     def _attrs(self, to: str | None = None, at: datetime | None = None) -> dict[str, str]:
         attrs: dict[str, str] = {}
@@ -381,7 +384,7 @@ class _EventMaker:
         address = self.delivery.get("address")
         if address and self.delivery["channel"] in ("sms", "email"):
             # which address a later "dead address" receipt is about (herald.receipts)
-            attrs["address_tag"] = address_tag(str(address))
+            attrs["address_tag"] = address_tag(str(address), self.pii_key)
         return event(self.delivery, State.PROVIDER_ACCEPTED, attempt=self.attempt, now=self.now,
                      provider=self.provider, provider_msg_id=msg_id or None,
                      latency_ms=max(since, 0) if since is not None else None,

@@ -35,6 +35,8 @@ from urllib.parse import parse_qsl
 
 import orjson
 
+from herald.config import pii_digest
+
 __all__ = [
     "CHANNEL_OF",
     "DEAD_ADDRESS",
@@ -176,9 +178,9 @@ def opts_out(ev: ReceiptEvent) -> bool:
     return ev.reason in OPT_OUT.get(ev.provider, ())
 
 
-def address_tag(address: str) -> str:
-    """A short digest of a phone number or email address (the first 8 hex digits of its SHA-256,
-    email case-folded).
+def address_tag(address: str, key: bytes) -> str:
+    """A short keyed digest of a phone number or email address (the first 8 hex digits of its
+    HMAC-SHA256 under the PII key, herald.config.PiiSettings; email case-folded).
 
     Dispatch puts it on PROVIDER_ACCEPTED (attribute `address_tag`) so that a later receipt
     saying "this address is dead" disables the address the message went to, and not the one
@@ -188,7 +190,7 @@ def address_tag(address: str) -> str:
     value = address.strip()
     if "@" in value:
         value = value.lower()
-    return hashlib.sha256(value.encode()).hexdigest()[:8]
+    return pii_digest(key, value, 8)
 
 
 def normalize(raw: Mapping[str, Any]) -> list[ReceiptEvent]:

@@ -59,14 +59,16 @@ class Ctx:
             env["HERALD_CLICKHOUSE_DSN"] = f"http://{host}:{ports['clickhouse']}"
         if "api" in ports:  # links in emails (herald.config.LinksSettings)
             env["HERALD_LINKS_BASE_URL"] = f"http://{host}:{ports['api']}"
-            env["HERALD_LINKS_SECRET"] = links_secret(self.run_dir)
+            env["HERALD_LINKS_SECRET"] = run_secret(self.run_dir, "links")
+        env["HERALD_PII_KEY"] = run_secret(self.run_dir, "pii")  # herald.config.PiiSettings
         return env
 
 
-def links_secret(run_dir: Path) -> str:
-    """The secret signing the stack's email links: made once per run directory (0600), so
-    links in mail sent before a restart stay valid."""
-    path = run_dir / "links.secret"
+def run_secret(run_dir: Path, name: str) -> str:
+    """A secret of the stack (`links` signs the email links, `pii` keys the digests of phone
+    numbers): made once per run directory (0600), so links in mail sent before a restart stay
+    valid and OTP counters keep counting."""
+    path = run_dir / f"{name}.secret"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

@@ -39,8 +39,8 @@ log = logging.getLogger(__name__)
 DEVICES_TOPIC = "herald.devices"
 
 
-def _tagged(tag: str) -> Callable[[str], bool]:
-    return lambda address: address_tag(address) == tag
+def _tagged(tag: str, key: bytes) -> Callable[[str], bool]:
+    return lambda address: address_tag(address, key) == tag
 
 
 class AddressSink(DynamicSink[DeadAddress]):
@@ -57,6 +57,7 @@ class AddressSink(DynamicSink[DeadAddress]):
 class _AddressPartition(UserChangePartition[DeadAddress]):
     def __init__(self, settings: HeraldSettings, name: str) -> None:
         super().__init__(settings, "addresses", name)
+        self.pii_key = settings.pii.key_bytes()
         kafka = settings.kafka
         self.contacts = ContactStore(self.redis, cluster=settings.redis.cluster)
         self.topic = kafka.topic(DEVICES_TOPIC)
@@ -66,8 +67,9 @@ class _AddressPartition(UserChangePartition[DeadAddress]):
         """Disable each address that still has its tag; returns after Kafka acked the changes."""
         now = datetime.now(UTC)
         for item in items:
+            matches = _tagged(item.address_tag, self.pii_key)
             result = self.contacts.disable_matching(
-                item.user_id, item.channel, _tagged(item.address_tag), self._publish, now
+                item.user_id, item.channel, matches, self._publish, now
             )
             log.info("receipts.dead_address channel=%s reason=%s result=%s",
                      item.channel, item.reason, result)  # fmt: skip

@@ -126,7 +126,7 @@ class DispatchPartition(StatelessSinkPartition[Decoded]):
         self.contacts = ContactStore(self.redis, cluster=settings.redis.cluster)
         self.dispatcher = Dispatcher(
             cfg, catalog, guard, self.breaker, sender, self.contacts, clock=utc_now,
-            metrics=JobMetrics("dispatch"), hook=sink.hook,
+            metrics=JobMetrics("dispatch"), hook=sink.hook, pii_key=settings.pii.key_bytes(),
         )  # fmt: skip
         self.encoder = RecordEncoder(settings, make_registry(settings.registry))
         self.producer = sink.events.build_writer(f"dispatch-{name}", "part-0")

@@ -103,8 +103,10 @@ class Dispatcher:
         clock: Callable[[], datetime],
         metrics: JobMetrics | None = None,
         hook: Hook | None = None,
+        pii_key: bytes,
     ) -> None:
         self.settings = settings
+        self.pii_key = pii_key  # the address tags of accepted SMS and email (herald.receipts)
         self.catalog = catalog
         self.guard = guard
         self.breaker = breaker
@@ -208,7 +210,8 @@ class Dispatcher:
         again = Accepted(msg_id or "", provider=provider or it.provider)
         out.events.extend(
             effects(_done(again), it.delivery, None, provider=provider or it.provider,
-                    attempt=attempt or it.attempt, now=now, first_attempt_at=None).events
+                    attempt=attempt or it.attempt, now=now, first_attempt_at=None,
+                    pii_key=self.pii_key).events
         )  # fmt: skip
 
     # -- 3. re-checks --------------------------------------------------------------------------
@@ -313,7 +316,8 @@ class Dispatcher:
         if why is not None and self._fell_back(it, action, why, outcome, now, out):
             return False
         fx = effects(action, it.delivery, outcome, provider=it.provider, attempt=it.attempt,
-                     now=now, first_attempt_at=it.first_attempt_at)  # fmt: skip
+                     now=now, first_attempt_at=it.first_attempt_at,
+                     pii_key=self.pii_key)  # fmt: skip
         out.events.extend(fx.events)
         if ends(action) and fx.events:
             fb = self.fallbacks.route(it.delivery, getattr(action, "reason", ""), now)

@@ -70,7 +70,7 @@ def test_outside_the_embedded_stack_development_defaults_refuse_to_start(
     secret and the simulators' callback credentials stop the API before it serves, each named
     with the setting to provide; with them provided it starts (the test above)."""
     env = {k: v for k, v in subprocess_env.items()
-           if k not in ("HERALD_EMBEDDED", "HERALD_LINKS_SECRET")}  # fmt: skip
+           if k not in ("HERALD_EMBEDDED", "HERALD_LINKS_SECRET", "HERALD_PII_KEY")}  # fmt: skip
     env["HERALD_PROVIDERS_SIMULATOR_DIR"] = "/tmp/simulators"
     proc = subprocess.run(
         [sys.executable, "-m", "api", "--host", "127.0.0.1", "--port", str(free_port()),
@@ -79,13 +79,14 @@ def test_outside_the_embedded_stack_development_defaults_refuse_to_start(
     )  # fmt: skip
     assert proc.returncode != 0
     for setting in ("HERALD_API_TENANTS_FILE", "HERALD_API_SMS_ALLOWED_PREFIXES",
-                    "HERALD_LINKS_SECRET", "HERALD_PROVIDERS_SIMULATOR_DIR"):  # fmt: skip
+                    "HERALD_LINKS_SECRET", "HERALD_PROVIDERS_SIMULATOR_DIR",
+                    "HERALD_PII_KEY"):  # fmt: skip
         assert setting in proc.stderr, proc.stderr
 
 
 def test_production_settings_pass_the_fail_closed_check(tmp_path: Path) -> None:
     from api.settings import ApiSettings, ProviderSecrets
-    from herald.config import LinksSettings, RunSettings, refuse_unsafe_defaults
+    from herald.config import LinksSettings, PiiSettings, RunSettings, refuse_unsafe_defaults
 
     tenants = tmp_path / "tenants.toml"
     tenants.write_text("[tenants]\n")
@@ -95,6 +96,7 @@ def test_production_settings_pass_the_fail_closed_check(tmp_path: Path) -> None:
         *api.unsafe_defaults(),
         *ProviderSecrets().unsafe_defaults(),
         *links.unsafe_defaults(),
+        *PiiSettings(key="p" * 40).unsafe_defaults(),
     ]
     assert unsafe == []
     refuse_unsafe_defaults("the API", RunSettings(embedded=False), unsafe)  # does not raise

@@ -248,11 +248,11 @@ def test_dead_address_receipts_disable_the_address_the_message_went_to(
         record = {"user_id": user, "devices": [], "updated_at": 0, "version": 3, **fields}
         client.set(keys.contact_points(user), orjson.dumps(record))
     w.accepted("ann-mail", "email", "email", f"{w.p}MSG1", user=ann,
-               address_tag=address_tag("ann@example.com"))  # fmt: skip
+               address_tag=address_tag("ann@example.com", settings.pii.key_bytes()))  # fmt: skip
     w.accepted("ann-sms", "sms", "sms_a", f"{w.p}SM1", user=ann,
-               address_tag=address_tag("+15550101"))  # fmt: skip
+               address_tag=address_tag("+15550101", settings.pii.key_bytes()))  # fmt: skip
     w.accepted("bob-mail", "email", "email", f"{w.p}MSG2", user=bob,
-               address_tag=address_tag("old@example.com"))  # fmt: skip
+               address_tag=address_tag("old@example.com", settings.pii.key_bytes()))  # fmt: skip
     w.sendgrid(f"{w.p}MSG1", "ann-mail", "processed", "bounce")
     w.twilio(f"{w.p}SM1", "undelivered", ErrorCode="21610")  # the recipient replied STOP
     w.sendgrid(f"{w.p}MSG2", "bob-mail", "processed", "bounce")
@@ -296,9 +296,9 @@ def test_unsubscribe_and_spam_report_opt_out_of_marketing_email(settings: Herald
     client.set(keys.prefs(cat), orjson.dumps(prefs))
     client.set(keys.users_restored(settings.kafka.topic_prefix), 1)  # dan has no copy: defaults
     w.accepted("cat-mail", "email", "email", f"{w.p}MSG1", user=cat,
-               address_tag=address_tag("cat@example.com"))  # fmt: skip
+               address_tag=address_tag("cat@example.com", settings.pii.key_bytes()))  # fmt: skip
     w.accepted("dan-mail", "email", "email", f"{w.p}MSG2", user=dan,
-               address_tag=address_tag("dan@example.com"))  # fmt: skip
+               address_tag=address_tag("dan@example.com", settings.pii.key_bytes()))  # fmt: skip
     w.sendgrid(f"{w.p}MSG1", "cat-mail", "delivered", "unsubscribe")
     w.sendgrid(f"{w.p}MSG1", "cat-mail", "delivered", "spamreport")  # the same opt-out again
     w.sendgrid(f"{w.p}MSG2", "dan-mail", "delivered", "spamreport")

@@ -29,6 +29,7 @@ from herald.states import State
 from sinks.channels.settings import DispatchSettings
 
 NOW = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
+KEY = b"test-pii-key"
 
 
 def delivery(**changes: Any) -> dict[str, Any]:
@@ -45,7 +46,7 @@ def delivery(**changes: Any) -> dict[str, Any]:
 
 def fx(action: Any, outcome: Any = None, **kw: Any) -> dx.Effects:
     args: dict[str, Any] = {"provider": "sms_a", "attempt": 1, "now": NOW,
-                            "first_attempt_at": NOW, **kw}  # fmt: skip
+                            "first_attempt_at": NOW, "pii_key": KEY, **kw}  # fmt: skip
     return dx.effects(action, delivery(), outcome, **args)
 
 
@@ -121,10 +122,11 @@ def test_done_marks_sent_with_latency_since_planning() -> None:
 def test_accepted_sms_and_email_tag_the_address_they_went_to() -> None:
     ok = Accepted("SM1", provider="sms_a", status_code=201, latency_ms=12.0)
     sms = dx.effects(Done("SM1"), delivery(address="+15550100"), ok, provider="sms_a",
-                     attempt=1, now=NOW, first_attempt_at=NOW)  # fmt: skip
-    assert sms.events[0]["attributes"]["address_tag"] == address_tag("+15550100")
+                     attempt=1, now=NOW, first_attempt_at=NOW, pii_key=KEY)  # fmt: skip
+    assert sms.events[0]["attributes"]["address_tag"] == address_tag("+15550100", KEY)
     push = dx.effects(Done("a1"), delivery(channel="push", address="ab" * 32), ok,
-                      provider="apns", attempt=1, now=NOW, first_attempt_at=NOW)  # fmt: skip
+                      provider="apns", attempt=1, now=NOW, first_attempt_at=NOW,
+                      pii_key=KEY)  # fmt: skip
     assert "address_tag" not in push.events[0]["attributes"]  # a dead token answers at once
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterator
 from dataclasses import replace
@@ -145,8 +146,14 @@ def test_dead_address_receipts_per_provider() -> None:
 
 
 def test_address_tag_is_short_stable_and_case_folds_email() -> None:
-    assert address_tag("A@Example.com") == address_tag(" a@example.com") != address_tag("b@x.io")
-    assert len(address_tag("+15550100")) == 8 and address_tag("+15550100") != address_tag("+1555")
+    key = b"k1"
+    assert address_tag("A@Example.com", key) == address_tag(" a@example.com", key)
+    assert address_tag("A@Example.com", key) != address_tag("b@x.io", key)
+    assert len(address_tag("+15550100", key)) == 8
+    assert address_tag("+15550100", key) != address_tag("+1555", key)
+    # keyed: without the key, trying every phone number gives nothing back
+    assert address_tag("+15550100", key) != address_tag("+15550100", b"k2")
+    assert address_tag("+15550100", key) != hashlib.sha256(b"+15550100").hexdigest()[:8]
 
 
 def test_internal_events_carry_the_delivery() -> None:
@@ -285,7 +292,7 @@ def test_unmappable_receipt_is_kept_and_counted() -> None:
 
 
 def test_bounce_names_the_address_the_message_went_to() -> None:
-    tag = address_tag("a@example.com")
+    tag = address_tag("a@example.com", b"k1")
     sent = {"channel": "email", "provider": "email", "provider_msg_id": "MSG1"}
     tagged = event("PROVIDER_ACCEPTED", attributes={"address_tag": tag}, **sent)
     fold = DeliveryFold()

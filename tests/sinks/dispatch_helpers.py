@@ -20,6 +20,7 @@ import redis
 from api import keys
 from herald.breaker import CircuitBreaker
 from herald.catalog import load_catalog
+from herald.config import PiiSettings
 from herald.guard import SendGuard
 from herald.shaping import RateShaper
 from infra.simulators.launcher import RunningSimulator
@@ -147,7 +148,8 @@ class Harness:
                               max_wait_s=cfg.shape_max_wait_s, clock=now)  # fmt: skip
         self.contacts = ContactStore(self.redis)
         self.dispatcher = Dispatcher(cfg, CATALOG, self.guard, self.breaker, sender,
-                                     self.contacts, clock=now, hook=hook)  # fmt: skip
+                                     self.contacts, clock=now, hook=hook,
+                                     pii_key=PiiSettings().key_bytes())  # fmt: skip
 
     def run(self, deliveries: list[dict[str, Any]]) -> Outputs:
         return self.dispatcher.dispatch([(None, d) for d in deliveries])

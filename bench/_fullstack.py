@@ -256,6 +256,10 @@ class FullStack:
 
     def delivery_events(self, fields: tuple[str, ...] = ()) -> list[dict[str, Any]]:
         """Every herald.delivery-events record so far (decoded; only `fields` if given)."""
+        return self.records("herald.delivery-events", fields)
+
+    def records(self, logical: str, fields: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+        """Every record of a topic so far (decoded; only `fields` if given)."""
         from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
         from schemas.registry import make_registry
@@ -263,7 +267,7 @@ class FullStack:
 
         decode = AvroDeserializer(make_registry(self.settings.registry))
         kafka = self.settings.kafka
-        topic = kafka.topic("herald.delivery-events")
+        topic = kafka.topic(logical)
         consumer = Consumer({**kafka.client_config(), "group.id": "bench",
                              "enable.partition.eof": True})  # fmt: skip
         parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions

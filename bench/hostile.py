@@ -268,7 +268,7 @@ def run(valid: int = 200, progress: Callable[[str], None] = print) -> dict[str, 
         progress(f"hostile: waiting for the {len(nids)} good notifications")
         lost = _sent(stack, nids, timeout=180)
         after = _restarts(stack)
-        letters = Counter((d["job"], d["reason"]) for d in _dead_letters(stack))
+        letters = Counter((d["job"], d["reason"]) for d in stack.records("herald.dead-letters"))
         api.close()
     crashed = {name: after.get(name, 0) - n for name, n in before.items() if after.get(name, 0) > n}
     return {
@@ -280,34 +280,6 @@ def run(valid: int = 200, progress: Callable[[str], None] = print) -> dict[str, 
         "good_lost": lost,
         "dead_letters": {f"{job}: {reason}": n for (job, reason), n in sorted(letters.items())},
     }
-
-
-def _dead_letters(stack: FullStack) -> list[dict[str, Any]]:
-    from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
-
-    from schemas.registry import make_registry
-    from schemas.serde import AvroDeserializer
-
-    decode = AvroDeserializer(make_registry(stack.settings.registry))
-    kafka = stack.settings.kafka
-    topic = kafka.topic("herald.dead-letters")
-    consumer = Consumer({**kafka.client_config(), "group.id": "hostile",
-                         "enable.partition.eof": True})  # fmt: skip
-    parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
-    out: list[dict[str, Any]] = []
-    ended: set[int] = set()
-    try:
-        while len(ended) < len(parts):
-            for msg in consumer.consume(1000, 1.0):
-                err = msg.error()
-                if err is None:
-                    out.append(decode(msg.value()))
-                elif err.code() == KafkaError._PARTITION_EOF:
-                    ended.add(msg.partition() or 0)
-    finally:
-        consumer.close()
-    return out
 
 
 def _table(f: dict[str, Any]) -> list[str]:

@@ -177,7 +177,18 @@ class SmsLimits(BaseSettings):
 
 
 DEV_LINKS_SECRET = "herald-dev-links-secret-change-me"  # public: refused outside `herald up`
-MIN_LINKS_SECRET = 32
+MIN_SECRET = 32
+
+
+def _weak_secret(variable: str, value: SecretStr, development: str, risk: str) -> list[str]:
+    """What is wrong with a secret setting for production: the public development value, or
+    fewer than MIN_SECRET characters."""
+    text = value.get_secret_value()
+    if text == development:
+        return [f"{variable} is the public development value ({risk}): set a long random one"]
+    if len(text) < MIN_SECRET:
+        return [f"{variable} is shorter than {MIN_SECRET} characters"]
+    return []
 
 
 class LinksSettings(BaseSettings):
@@ -197,12 +208,8 @@ class LinksSettings(BaseSettings):
 
     def unsafe_defaults(self) -> list[str]:
         """What `refuse_unsafe_defaults` refuses in these settings."""
-        if self.secret.get_secret_value() == DEV_LINKS_SECRET:
-            return ["HERALD_LINKS_SECRET is the public development secret (anyone could forge "
-                    "click redirects and opens): set a long random secret"]  # fmt: skip
-        if len(self.secret.get_secret_value()) < MIN_LINKS_SECRET:
-            return [f"HERALD_LINKS_SECRET is shorter than {MIN_LINKS_SECRET} characters"]
-        return []
+        return _weak_secret("HERALD_LINKS_SECRET", self.secret, DEV_LINKS_SECRET,
+                            "anyone could forge click redirects and opens")  # fmt: skip
 
 
 DEV_PII_KEY = "herald-dev-pii-key-change-me"  # public: refused outside `herald up`
@@ -224,12 +231,8 @@ class PiiSettings(BaseSettings):
 
     def unsafe_defaults(self) -> list[str]:
         """What `refuse_unsafe_defaults` refuses in these settings."""
-        if self.key.get_secret_value() == DEV_PII_KEY:
-            return ["HERALD_PII_KEY is the public development key (phone numbers could be "
-                    "recovered from their digests): set a long random key"]  # fmt: skip
-        if len(self.key.get_secret_value()) < MIN_LINKS_SECRET:
-            return [f"HERALD_PII_KEY is shorter than {MIN_LINKS_SECRET} characters"]
-        return []
+        return _weak_secret("HERALD_PII_KEY", self.key, DEV_PII_KEY,
+                            "phone numbers could be recovered from their digests")  # fmt: skip
 
 
 def pii_digest(key: bytes, value: str, hex_chars: int) -> str:

@@ -262,8 +262,7 @@ async def _drain(websocket: WebSocket, queue: asyncio.Queue[str | None]) -> None
     """Read client frames (each one keeps the socket from idling) until it disconnects, then
     end the socket."""
     with contextlib.suppress(WebSocketDisconnect, RuntimeError):
-        while True:
-            await websocket.receive_text()
+        while (await websocket.receive())["type"] != "websocket.disconnect":  # text or bytes
             with contextlib.suppress(asyncio.QueueFull):
                 queue.put_nowait(_ALIVE)
     with contextlib.suppress(asyncio.QueueFull):

@@ -8,12 +8,24 @@ import time
 import uuid
 from typing import Any
 
+import pytest
 import redis
 from websockets.asyncio.client import connect as ws_connect
+from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
+from api.app import create_app
 from api.inbox import add_inbox_item, inbox_item
-from tests.api.conftest import FULL_KEY, READ_KEY, RunningApi
+from herald.config import HeraldSettings
+from tests.api.conftest import (
+    FULL_KEY,
+    READ_KEY,
+    RunningApi,
+    make_api_settings,
+    make_tenants,
+    serve,
+)
+from tests.conftest import mark_users_restored
 
 
 def client(api: RunningApi) -> redis.Redis:
@@ -245,3 +257,23 @@ def test_more_sockets_than_redis_connections_and_a_cap_per_user(api: RunningApi)
     expected = [("d-1" if u == users[3] else f"own-{u}") for u in users for _ in range(8)]
     assert first == expected  # d-1 reached its user's 8 sockets, and no other socket
     assert refused is not None and "403" in str(refused), refused  # closed at the handshake
+
+
+def test_an_idle_socket_is_closed_and_client_frames_keep_it_open(settings: HeraldSettings) -> None:
+    """inbox_ws_idle_seconds (1 s here): a socket whose client sends a frame (text or binary)
+    more often stays open; once the frames stop it is closed with "idle"."""
+    mark_users_restored(settings.redis.url, settings.kafka.topic_prefix)
+    app = create_app(settings, api=make_api_settings(inbox_ws_idle_seconds=1.0),
+                     tenants=make_tenants())  # fmt: skip
+    for url in serve(app):
+        ws_url = url.replace("http://", "ws://") + f"/v1/users/u-{uuid.uuid4().hex[:8]}/inbox/ws"
+        with connect(ws_url, additional_headers={"X-API-Key": FULL_KEY}, open_timeout=5) as ws:
+            assert json.loads(ws.recv(timeout=5))["type"] == "unread"
+            started = time.monotonic()
+            while time.monotonic() - started < 2.5:  # 2.5 idle periods: a send to a closed
+                # socket would raise here
+                ws.send(b"ping" if int(time.monotonic() * 4) % 2 else "ping")
+                time.sleep(0.25)
+            with pytest.raises(ConnectionClosed) as closed:
+                ws.recv(timeout=5)
+        assert closed.value.rcvd is not None and closed.value.rcvd.reason == "idle"

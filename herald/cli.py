@@ -171,6 +171,7 @@ def status(
             },
             "api_url": (state or {}).get("urls", {}).get("api"),
             "dashboard_url": (state or {}).get("urls", {}).get("dashboard"),
+            "registry_url": (state or {}).get("urls", {}).get("registry"),
             "env": (state or {}).get("env", {}),
         }
         print(json.dumps(doc, indent=2))

@@ -472,6 +472,8 @@ def jobs(processes: int = 1) -> list[Component]:
     Bytewax job with `processes` processes each, the dashboards."""
     return [
         http_app("api", "api", url_name="api"),
+        # the registry file over Confluent's HTTP API, for producers outside Herald
+        http_app("registry", "schemas.registry_server", url_name="registry"),
         *(
             component
             for name, flow, extra in BYTEWAX_JOBS

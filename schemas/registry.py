@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from herald.config import RegistrySettings
-from herald.errors import RegistryError, SchemaNotFoundError
+from herald.errors import IncompatibleSchemaError, RegistryError, SchemaNotFoundError
 
 __all__ = [
     "ConfluentRegistry",
@@ -168,9 +168,34 @@ class FileRegistry:
 
     def subject_versions(self, subject: str) -> list[int]:
         """Schema ids registered under `subject`, oldest first ([] when unknown)."""
+        return self.subjects().get(subject, [])
+
+    def subjects(self) -> dict[str, list[int]]:
+        """Every subject with its schema ids, oldest first (version n is the n-th)."""
         with self._locked(exclusive=False):
             state = self._read()
-        return [int(i) for i in state["subjects"].get(subject, [])]
+        self._absorb(state)
+        return {name: [int(i) for i in ids] for name, ids in state["subjects"].items()}
+
+    def register_compatible(self, subject: str, schema_text: str) -> int:
+        """`register`, unless the schema is new to `subject` and cannot read data written with
+        every version before it (BACKWARD_TRANSITIVE): then IncompatibleSchemaError naming what
+        breaks. What the HTTP registry (schemas/registry_server.py) answers a client."""
+        from schemas.compat import check_compatible
+
+        norm = _normalize(schema_text)
+        with self._mutex, self._locked(exclusive=True):
+            state = self._read()
+            self._absorb(state)
+            ids = [int(i) for i in state["subjects"].get(subject, [])]
+            if not any(_normalize(self._texts[i]) == norm for i in ids):
+                problems = check_compatible(schema_text, [self._texts[i] for i in ids])
+                if problems:
+                    raise IncompatibleSchemaError("; ".join(problems))
+            schema_id = self._assign(state, subject, norm, schema_text)
+            self._absorb(state)
+            self._ids[(subject, norm)] = schema_id
+            return schema_id
 
 
 class ConfluentRegistry:

@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from herald.errors import AlreadyRunningError
@@ -116,6 +117,9 @@ def test_cli_up_status_down(tmp_path: Path) -> None:
         assert doc["dashboard_url"] and doc["dashboard_url"].startswith("http://127.0.0.1:")
         assert doc["api_url"] and doc["api_url"].startswith("http://127.0.0.1:")
         otp_travels_the_whole_pipeline(doc["api_url"])
+        # the registry Herald's processes write, over Confluent's API for other producers
+        subjects = httpx.get(f"{doc['registry_url']}/subjects", timeout=10).json()
+        assert any("herald.requests.transactional" in s for s in subjects), subjects
         pids = [s["pid"] for s in doc["services"].values()]
         ports = read_state(tmp_path)["ports"].values()  # type: ignore[index]
     finally:

@@ -46,6 +46,7 @@ under the PII key (herald.config.PiiSettings).
 from __future__ import annotations
 
 from herald.config import pii_digest
+from herald.status_keys import header_key
 
 
 def idem(nid: str) -> str:
@@ -53,7 +54,7 @@ def idem(nid: str) -> str:
 
 
 def notif(nid: str) -> str:
-    return f"notif:{{{nid}}}"
+    return header_key(nid)  # one home: herald.status_keys
 
 
 def status(nid: str) -> str:

@@ -3,6 +3,8 @@
     herald.requests.{transactional,normal,bulk}  (Avro notification_request)
         -> one delivery_event per request, state ACCEPTED
         -> herald.delivery-events (Avro, key = delivery_id) and ClickHouse herald.delivery_events
+        -> the request's header `notif:{nid}` in Redis where the API wrote none (a request from
+           another producer): GET /v1/notifications/{id} shows it to its tenant
     undecodable records -> herald.dead-letters with their reason; the job keeps going
 
 Run: `python -m bytewax.run "dataflows.accepted:build_flow()"` (settings from HERALD_* env vars;
@@ -27,12 +29,15 @@ from dataflows._common import produce_with_dead_letters
 from dataflows._metrics import CountOutputs
 from dataflows._runtime import configure_process
 from herald import ids
+from herald.catalog import is_otp_type
 from herald.config import HeraldSettings
 from herald.metrics import JobMetrics
+from herald.status_keys import request_header
 from schemas import schema_text
 from schemas.registry import make_registry
 from sinks.clickhouse import ClickHouseSink
 from sinks.kafka import encode_avro, topic_serializer
+from sinks.redis_status import HeaderSink
 from sources.kafka import Decoded, kafka_avro_input
 
 JOB = "accepted"
@@ -133,4 +138,20 @@ def build_flow(settings: HeraldSettings | None = None, *, bounded: bool = False)
     produce_with_dead_letters("kafka_out", encoded.oks, letters, kafka=kafka, registry=registry)
     sink = ClickHouseSink(settings.clickhouse, EVENTS_TABLE, event_columns())
     op.output("clickhouse_out", events, sink)
+    headers = op.map("to_header", requests.oks, _header)
+    # (notification_id, header): the status API's view of requests the API did not accept
+    op.output("headers_out", headers, HeaderSink(settings.redis))
     return flow
+
+
+def _header(decoded: Decoded) -> tuple[str, dict[str, str]]:
+    """The `notif:{nid}` header of a request (written only where the API wrote none)."""
+    rec = decoded.value
+    recipients = rec["recipients"]
+    accepted = rec["accepted_at"]
+    header = request_header(
+        rec["tenant_id"], rec["request_id"], rec["notification_type"], rec["traffic_class"],
+        int(accepted.timestamp() * 1000), len(recipients.get("user_ids") or []),
+        recipients.get("segment_id"), is_otp_type(str(rec["notification_type"])),
+    )  # fmt: skip
+    return rec["notification_id"], header

@@ -203,6 +203,11 @@ class CapConfig:
     daily_limit: int
 
 
+def is_otp_type(name: str) -> bool:
+    """One-time-code types are named `otp_*` (the API, plan and the status header agree)."""
+    return name.startswith("otp_")
+
+
 @dataclass(frozen=True, slots=True)
 class NotificationType:
     """One catalog entry (immutable). `fallback` maps a channel to steps `channel[:provider]`."""
@@ -238,8 +243,8 @@ class NotificationType:
 
     @property
     def otp(self) -> bool:
-        """One-time codes (a type named `otp_*`): limited per phone on every path."""
-        return self.name.startswith("otp_")
+        """One-time codes: limited per phone on every path (`is_otp_type`)."""
+        return is_otp_type(self.name)
 
     def fallback_channels(self, channel: str) -> tuple[str, ...]:
         """Other channels one fallback step away from `channel`, in order."""

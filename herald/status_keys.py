@@ -38,11 +38,15 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CAS_SCRIPT",
+    "HEADER_IF_MISSING",
     "STATUS_TTL_SECONDS",
     "StatusUpdate",
     "allowed_sources",
+    "header_key",
+    "request_header",
     "status_entry",
     "status_key",
+    "write_headers",
     "write_statuses",
 ]
 
@@ -73,6 +77,52 @@ if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[4]) then
 end
 return 1
 """
+
+
+# KEYS[1] notif:{nid}; ARGV: ttl seconds, then field, value pairs. Written only where missing:
+# the API's own header (written at accept) stays as it is.
+HEADER_IF_MISSING = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('HSET', KEYS[1], unpack(ARGV, 2))
+redis.call('EXPIRE', KEYS[1], tonumber(ARGV[1]))
+return 1
+"""
+
+
+def header_key(notification_id: str) -> str:
+    """The header hash of one notification (api/keys.py `notif`)."""
+    return f"notif:{{{notification_id}}}"
+
+
+def request_header(
+    tenant_id: str, request_id: str, notification_type: str, traffic_class: str,
+    accepted_ms: int, user_count: int, segment_id: str | None, otp: bool,
+) -> dict[str, str]:  # fmt: skip
+    """The fields of `notif:{nid}`: who sent what, when, to whom. GET /v1/notifications/{id}
+    answers a tenant only for a notification whose header names it. Written by the API at
+    accept, and by the accepted job for a request another producer put on a request topic."""
+    return {
+        "tenant_id": tenant_id, "request_id": request_id,
+        "notification_type": notification_type, "traffic_class": traffic_class,
+        "accepted_at": str(accepted_ms),
+        "recipients": f"segment:{segment_id}" if segment_id is not None else f"users:{user_count}",
+        "otp": "1" if otp else "0",
+    }  # fmt: skip
+
+
+def write_headers(
+    client: redis.Redis, headers: Sequence[tuple[str, dict[str, str]]],
+    ttl_seconds: int = STATUS_TTL_SECONDS,
+) -> None:  # fmt: skip
+    """(notification_id, header) pairs, each where no header exists yet, in one round trip."""
+    if not headers:
+        return
+    script = client.register_script(HEADER_IF_MISSING)
+    pipe = client.pipeline(transaction=False)
+    for nid, header in headers:
+        pairs = [item for kv in header.items() for item in kv]
+        script(keys=[header_key(nid)], args=[ttl_seconds, *pairs], client=pipe)
+    pipe.execute()
 
 
 def status_key(notification_id: str) -> str:

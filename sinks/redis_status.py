@@ -1,6 +1,8 @@
 """Hot status output: `StatusUpdate`s compare-and-set into Redis (herald.status_keys).
 
     StatusSink(redis_settings)      Bytewax sink; items are herald.status_keys.StatusUpdate
+    HeaderSink(redis_settings)      Bytewax sink; items are (notification_id, header fields):
+                                    `notif:{nid}` where the API wrote none (herald.status_keys)
 
 Guarantee: at-least-once, harmless. `write_batch` returns only after Redis answered the
 pipelined compare-and-set of the whole batch, so an epoch never commits with writes in flight;
@@ -18,9 +20,9 @@ import redis
 from bytewax.outputs import DynamicSink, StatelessSinkPartition
 
 from herald.config import RedisSettings
-from herald.status_keys import StatusUpdate, write_statuses
+from herald.status_keys import StatusUpdate, write_headers, write_statuses
 
-__all__ = ["StatusSink"]
+__all__ = ["HeaderSink", "StatusSink"]
 
 log = logging.getLogger(__name__)
 
@@ -61,3 +63,25 @@ class _StatusPartition(StatelessSinkPartition[StatusUpdate]):
 
     def close(self) -> None:
         self._client.close()
+
+
+class HeaderSink(DynamicSink[tuple[str, dict[str, str]]]):
+    """Write the header of every notification that has none yet; one Redis client per worker."""
+
+    def __init__(self, settings: RedisSettings) -> None:
+        self.settings = settings
+
+    def build(self, step_id: str, worker_index: int, worker_count: int) -> _HeaderPartition:
+        """Called once per worker."""
+        return _HeaderPartition(redis.Redis.from_url(self.settings.url, socket_timeout=10))
+
+
+class _HeaderPartition(StatelessSinkPartition[tuple[str, dict[str, str]]]):
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+
+    def write_batch(self, items: list[tuple[str, dict[str, str]]]) -> None:
+        write_headers(self.client, items)  # at-least-once: a header is written once
+
+    def close(self) -> None:
+        self.client.close()

@@ -45,6 +45,7 @@ from api.state import (
 )
 from api.status import NotificationStatus, read_status
 from herald import ids
+from herald.status_keys import request_header
 
 log = logging.getLogger(__name__)
 router = APIRouter(tags=["notifications"])
@@ -184,18 +185,10 @@ async def _record_accepted(
     retry with the same body re-produces it (same notification_id) and records this again.
     """
     recipients = body.recipients
-    meta = {
-        "tenant_id": tenant_id,
-        "request_id": body.request_id,
-        "notification_type": nt.name,
-        "traffic_class": nt.traffic_class,
-        "accepted_at": accepted_ms,
-        "recipients": (
-            f"segment:{recipients.segment_id}" if recipients.segment_id is not None
-            else f"users:{len(recipients.user_ids or [])}"
-        ),
-        "otp": "1" if otp else "0",
-    }  # fmt: skip
+    meta = request_header(
+        tenant_id, body.request_id, nt.name, nt.traffic_class, accepted_ms,
+        len(recipients.user_ids or []), recipients.segment_id, otp,
+    )  # fmt: skip
     try:
         pairs = [item for kv in meta.items() for item in kv]
         await st.script(

@@ -13,12 +13,14 @@ from typing import Any
 
 import httpx
 import pytest
+import redis
 from bytewax.recovery import init_db_dir
 from bytewax.testing import run_main
 
 from dataflows.accepted import EVENTS_TOPIC, accepted_event, build_flow, event_columns
 from herald.config import HeraldSettings
 from herald.ids import event_id
+from herald.status_keys import header_key
 from infra.clickhouse import herald_client
 from infra.process import free_port, reset_sigint
 from schemas import load_schema
@@ -110,10 +112,19 @@ def assert_outputs(settings: HeraldSettings, ids: list[str], wait: bool = False)
 @pytest.mark.integration
 def test_bounded_run_in_process(settings: HeraldSettings) -> None:
     ids = produce_requests(settings)
+    client = redis.Redis.from_url(settings.redis.url, decode_responses=True)
+    client.hset(header_key(ids[1]), mapping={"tenant_id": "acme", "request_id": "by-api"})
 
     run_main(build_flow(settings, bounded=True), epoch_interval=timedelta(milliseconds=200))
 
     assert_outputs(settings, ids)
+    # the status API's header: written for the request no API recorded, the API's one kept
+    produced = client.hgetall(header_key(ids[0]))
+    assert produced["tenant_id"] == example("notification_request")["tenant_id"]
+    assert produced["recipients"].startswith(("users:", "segment:"))
+    assert client.ttl(header_key(ids[0])) > 29 * 24 * 3600
+    assert client.hgetall(header_key(ids[1])) == {"tenant_id": "acme", "request_id": "by-api"}
+    client.close()
     assert clickhouse_rows(settings, ids) == [
         (ids[0], event_id(ids[0], "ACCEPTED", 0), "ACCEPTED", "normal"),
         (ids[1], event_id(ids[1], "ACCEPTED", 0), "ACCEPTED", "transactional"),

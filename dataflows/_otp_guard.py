@@ -28,7 +28,7 @@ import redis
 from api import keys
 from herald.catalog import Catalog, CatalogLookupError
 from herald.config import SmsLimits
-from herald.planning import Planned, PlanRequest
+from herald.planning import API_SOURCE, Planned, PlanRequest
 
 __all__ = ["OtpGuard"]
 
@@ -43,7 +43,6 @@ redis.call('SET', KEYS[2], '1', 'EX', tonumber(ARGV[2]))
 return 1
 """
 _PREFIX = ("sms_prefix_not_allowed", "SMS to this country/prefix is not allowed")
-_API_SOURCE = "api"
 _KNOWN = 10_000  # notification ids whose origin is remembered
 
 
@@ -89,7 +88,7 @@ class OtpGuard:
         return out
 
     def _accepted_by_api(self, request: PlanRequest) -> bool:
-        if request.source != _API_SOURCE:
+        if request.source != API_SOURCE:
             return False
         nid = request.notification_id
         known = self._from_api.get(nid)

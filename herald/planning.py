@@ -19,6 +19,7 @@ from typing import Any
 
 from herald.catalog import Catalog, MissingParam, normalize_locale
 from herald.errors import HeraldError
+from herald.ids import notification_id
 from herald.policy import ContactPoints, PolicyRequest, Preferences
 
 __all__ = [
@@ -32,6 +33,9 @@ __all__ = [
 ]
 
 UserParams = Mapping[str, str] | None
+
+
+API_SOURCE = "api"  # `source` of the requests the API accepted (it made their ids)
 
 
 class InvalidRequest(HeraldError):
@@ -73,11 +77,20 @@ class PlanRequest:
 def admit_request(rec: Mapping[str, Any], catalog: Catalog, origin: str) -> PlanRequest:
     """Validate a decoded `NotificationRequest` against the catalog; raises with a `code`.
 
-    Checks: known type (`unknown_notification_type`), existing pinned template version
+    Checks: a request another producer than the API wrote carries the id the API would give
+    it (`notification_id_mismatch`: ids are how duplicates collide and how a tenant finds its
+    notification), known type (`unknown_notification_type`), existing pinned template version
     (`unknown_template_version`), every required template param present (`missing_param:<name>`),
     a well-formed locale (`invalid_locale`), exactly one of user_ids / segment_id
     (`no_recipients`, `ambiguous_recipients`). The traffic class and category are the catalog's.
     """
+    if rec.get("source") != API_SOURCE and rec["notification_id"] != notification_id(
+        rec["tenant_id"], rec["request_id"]
+    ):
+        raise InvalidRequest(
+            "notification_id_mismatch",
+            "a producer's notification_id must be ids.notification_id(tenant_id, request_id)",
+        )
     nt = catalog.get(rec["notification_type"])
     templates = nt.template_set(rec.get("template_version"))
     params: Mapping[str, str] = rec.get("params") or {}

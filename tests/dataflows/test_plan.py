@@ -234,9 +234,18 @@ def test_producer_path_otps_meet_the_phone_limit_and_the_country_list(
     client.set(f"idem:{{{p}api}}", "digest|pending|0")  # the API's claim, before it publishes
     client.close()
 
-    def otp(name: str, user: str, source: str) -> dict[str, Any]:
-        return request(f"{p}{name}", "otp_login", users=[user], params={"code": "123456"},
-                       traffic_class="transactional", source=source)  # fmt: skip
+    nids: dict[str, str] = {}
+
+    def otp(name: str, user: str, source: str, nid: str | None = None) -> dict[str, Any]:
+        """A producer's request carries the id the API would give it (`ids.notification_id`);
+        one claiming "api" any id (the API made it)."""
+        request_id = f"r-{p}{name}"
+        if nid is None:
+            nid = f"{p}{name}" if source == "api" else ids.notification_id("acme", request_id)
+        nids[name] = nid
+        return request(nid, "otp_login", users=[user], params={"code": "123456"},
+                       traffic_class="transactional", source=source,
+                       request_id=request_id)  # fmt: skip
 
     requests = [
         otp("api", swiss, "api"),  # accepted and charged by the API: not charged again
@@ -245,6 +254,7 @@ def test_producer_path_otps_meet_the_phone_limit_and_the_country_list(
         otp("o3", swiss, "producer"),  # the third in the window: over the limit of 2
         otp("forged", swiss, "api"),  # says "api", but the API never saw it
         otp("pump", pumped, "producer"),
+        otp("made-up", swiss, "producer", nid=f"{p}made-up"),  # not the id the API would give
     ]
     send(settings, "herald.requests.transactional", requests, "notification_id")
 
@@ -252,9 +262,10 @@ def test_producer_path_otps_meet_the_phone_limit_and_the_country_list(
 
     planned = {d["notification_id"] for d in read(settings, "herald.deliveries.sms.transactional")}
     letters = {d["key"].decode(): d["reason"] for d in read(settings, DEAD_LETTERS)}
-    charged = {f"{p}{name}" for name in ("o1", "o2", "o3", "forged")}  # in any order: 2 pass
-    assert f"{p}api" in planned and len(planned & charged) == 2
+    charged = {nids[name] for name in ("o1", "o2", "o3", "forged")}  # in any order: 2 pass
+    assert nids["api"] in planned and len(planned & charged) == 2
     assert {k for k, reason in letters.items() if reason == "otp_rate_limited"} == (
         charged - planned
     )
-    assert letters[f"{p}pump"] == "sms_prefix_not_allowed" and len(letters) == 3
+    assert letters[nids["pump"]] == "sms_prefix_not_allowed"
+    assert letters[nids["made-up"]] == "notification_id_mismatch" and len(letters) == 4

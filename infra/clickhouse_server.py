@@ -22,6 +22,10 @@ Protocol served (ClickHouse "HTTP Interface")
                                  data (the body) are streamed into chDB's `send_insert`
     URL parameters: `database`, `default_format`, `query_id`, `param_NAME` (server-side binding
     of `{NAME:Type}`), `readonly`; other non-transport parameters are ClickHouse settings.
+    One statement per request, as ClickHouse (chDB alone would run every `;`-separated one).
+    `readonly=1` (and every GET) runs the statement with chDB's own `SETTINGS readonly = 1`:
+    only a reading statement (SELECT, WITH, SHOW, ...), no table functions reaching files or
+    the network, no SETTINGS clause (chDB still takes one on a subquery, ClickHouse does not).
     multipart/form-data bodies carry `query` and `param_*` fields (long bind parameters).
     Responses carry X-ClickHouse-Query-Id, -Format (statements with a result set), -Timezone,
     -Summary, -Server-Display-Name; errors are HTTP 500 (400: malformed request) with
@@ -57,7 +61,7 @@ import threading
 import uuid
 import zlib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -67,12 +71,14 @@ import lz4.frame
 from backports import zstd
 
 from herald.errors import InfraError
+from infra.sqltext import split_statements
 
 log = logging.getLogger(__name__)
 
 DISPLAY_NAME = "herald-chdb"
 # ClickHouse error codes for errors raised by this facade itself.
-BAD_ARGUMENTS, NOT_IMPLEMENTED, READONLY, ABORTED, ACCESS_DENIED = 36, 48, 164, 236, 497
+BAD_ARGUMENTS, NOT_IMPLEMENTED, SYNTAX_ERROR, READONLY = 36, 48, 62, 164
+ABORTED, ACCESS_DENIED = 236, 497
 CANNOT_DECOMPRESS, UNKNOWN_COMPRESSION_METHOD, STD_EXCEPTION = 271, 638, 1001
 
 # URL parameters that steer the transport; never forwarded as settings (nor are `http_*`).
@@ -204,6 +210,27 @@ def result_format(sql: str, default_format: str) -> str | None:
     return default_format if head.startswith(_RESULT_KEYWORDS) else None
 
 
+def single_statement(sql: str, *, readonly: bool) -> str:
+    """`sql` as chDB should run it: one statement (SYNTAX_ERROR for several, as ClickHouse's
+    HTTP interface answers), and with `readonly` a reading one (READONLY otherwise) carrying
+    `SETTINGS readonly = 1` before its FORMAT, so chDB itself refuses writes, table functions
+    and the query's own SETTINGS."""
+    if ";" in sql:
+        statements = split_statements(sql)
+        if len(statements) > 1:
+            raise ClickHouseError(
+                SYNTAX_ERROR, "Syntax error (Multi-statements are not allowed). (SYNTAX_ERROR)", 400
+            )
+        sql = statements[0] if statements else sql
+    if not readonly:
+        return sql
+    if result_format(_TRAILING_FORMAT_RE.sub("", sql), "") is None:
+        raise ClickHouseError(READONLY, "Cannot execute query in readonly mode. (READONLY)")
+    fmt = _TRAILING_FORMAT_RE.search(sql)
+    at = fmt.start() if fmt else len(sql)
+    return f"{sql[:at]}\nSETTINGS readonly = 1\n{sql[at:]}"
+
+
 def _literal(value: str) -> str:
     if _NUMBER_RE.fullmatch(value):
         return value
@@ -232,7 +259,9 @@ class ChdbEngine:
 
     def execute(self, stmt: Statement) -> Outcome:
         """Run one statement in its database with its settings; raise ClickHouseError."""
-        if stmt.readonly and (stmt.data is not None or result_format(stmt.sql, "") is None):
+        if stmt.data is None:
+            stmt = replace(stmt, sql=single_statement(stmt.sql, readonly=stmt.readonly))
+        elif stmt.readonly:
             raise ClickHouseError(READONLY, "Cannot execute query in readonly mode. (READONLY)")
         with self._lock:
             if self._conn is None:

@@ -32,6 +32,7 @@ from clickhouse_connect.driver.exceptions import ClickHouseError
 from herald.config import ClickHouseSettings
 from herald.errors import MigrationError
 from infra.clickhouse import herald_client
+from infra.sqltext import split_statements
 
 __all__ = [
     "MIGRATIONS_DIR",
@@ -48,11 +49,6 @@ log = logging.getLogger(__name__)
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")
 _FILE_RE = re.compile(r"(\d{4})_[a-z0-9_]+\.sql")
 _IDENTIFIER_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-# Tokens the splitter must step over: strings, quoted identifiers, comments.
-_SKIP_RE = re.compile(
-    r"'(?:[^'\\]|\\.|'')*'|`(?:[^`\\]|\\.)*`|\"(?:[^\"\\]|\\.)*\"|--[^\n]*|/\*.*?\*/", re.DOTALL
-)
-_COMMENT_ONLY_RE = re.compile(r"\A(?:\s+|--[^\n]*|/\*.*?\*/)*\Z", re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -82,23 +78,6 @@ def load_migrations(directory: Path = MIGRATIONS_DIR) -> list[Migration]:
         raw = path.read_bytes()
         migrations.append(Migration(path.name, raw.decode(), hashlib.sha256(raw).hexdigest()))
     return migrations
-
-
-def split_statements(sql: str) -> list[str]:
-    """Split on `;` outside strings, quoted identifiers and comments; drop empty statements."""
-    statements: list[str] = []
-    start = pos = 0
-    while pos < len(sql):
-        skipped = _SKIP_RE.match(sql, pos)
-        if skipped:
-            pos = skipped.end()
-        elif sql[pos] == ";":
-            statements.append(sql[start:pos])
-            start = pos = pos + 1
-        else:
-            pos += 1
-    statements.append(sql[start:])
-    return [s.strip() for s in statements if not _COMMENT_ONLY_RE.match(s)]
 
 
 def pending(

@@ -219,6 +219,43 @@ def test_what_a_web_page_could_send_cannot_write(dsn: str) -> None:
     assert _status(dsn, "SELECT 2", Host="localhost:1")[0] == 200
 
 
+def test_readonly_is_chdbs_own(client: Client) -> None:
+    """`readonly=1` runs the statement under chDB's readonly mode, whatever the client appends
+    (clickhouse-connect ends every query with FORMAT Native): no write, DDL, table function
+    reaching files, nor setting changed by the query; the next request is not readonly."""
+    client.command("CREATE TABLE IF NOT EXISTS ro_t (x UInt8) ENGINE = MergeTree ORDER BY x")
+    readonly = {"readonly": 1, "max_execution_time": 5}
+    assert client.query("SELECT count() FROM ro_t", settings=readonly).result_rows == [(0,)]
+    refused = [
+        "DROP TABLE ro_t",
+        "INSERT INTO ro_t SELECT 1",
+        "SELECT * FROM file('/etc/hostname', 'LineAsString')",
+        "SELECT 1 SETTINGS max_execution_time = 1000",
+    ]
+    for sql in refused:
+        with (
+            pytest.raises(DatabaseError) as err,
+            client.query_row_block_stream(sql, settings=readonly) as stream,
+        ):
+            list(stream)
+        assert err.value.code == 164, sql  # READONLY
+    assert client.command("EXISTS TABLE ro_t") == 1
+    assert client.query("SELECT getSetting('readonly')").result_rows == [(0,)]
+
+
+def test_one_statement_per_request(client: Client) -> None:
+    """chDB would run every `;`-separated statement; ClickHouse's HTTP interface refuses."""
+    client.command("CREATE TABLE IF NOT EXISTS multi_t (x UInt8) ENGINE = MergeTree ORDER BY x")
+    for sql in ("SELECT 1; DROP TABLE multi_t", "SELECT 1; DROP TABLE multi_t; SELECT 2"):
+        with pytest.raises(DatabaseError) as err:
+            client.query(sql, settings={"readonly": 1})
+        assert err.value.code == 62, sql  # SYNTAX_ERROR
+    with pytest.raises(DatabaseError):
+        client.command("SELECT 1; DROP TABLE multi_t")
+    assert client.command("EXISTS TABLE multi_t") == 1
+    assert client.command("SELECT ';' -- a comment; still one statement\n;") == ";"
+
+
 def test_concurrent_clients(dsn: str) -> None:
     setup = herald_client(ClickHouseSettings(dsn=dsn), database="default")
     setup.command("CREATE DATABASE IF NOT EXISTS t_conc")

@@ -102,6 +102,8 @@ class ApiSettings(SmsLimits):
     idempotency_ttl_seconds: int = Field(default=24 * 3600, ge=60)
     status_ttl_seconds: int = Field(default=30 * 24 * 3600, ge=60)
     send_at_max_past_seconds: int = Field(default=300, ge=0)
+    # Longest wait of a cancel or pause for dispatch workers still sending (api/controls.py).
+    control_settle_seconds: float = Field(default=15.0, ge=0)
     inbox_max_items: int = Field(default=500, ge=1)
     # Live inbox sockets per user and per tenant on one API process (api/inbox_hub.py), and
     # how long a socket may stay open without an event or a client frame.

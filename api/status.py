@@ -22,6 +22,8 @@ from pydantic import BaseModel, ConfigDict
 
 from api import keys
 from herald import states
+from herald.controls import progress
+from herald.status_keys import counts_key
 from herald.status_keys import status_entry as status_entry  # one JSON layout, shared
 
 if TYPE_CHECKING:
@@ -59,8 +61,23 @@ class DeliveryStatus(BaseModel):
     layers: Layers
 
 
+class Progress(BaseModel):
+    """How far a notification got (herald.controls.progress): its control, users planned of
+    the audience (segments; `users_total` once known), and its deliveries: sent, ended without
+    a send (suppressed, expired, failed), still on their way."""
+
+    control: Literal["running", "paused", "cancelled"]
+    users_total: int | None = None
+    users_planned: int | None = None
+    deliveries: int
+    sent: int
+    not_sent: int
+    remaining: int
+
+
 class NotificationStatus(BaseModel):
-    """Body of GET /v1/notifications/{id}."""
+    """Body of GET /v1/notifications/{id}. `summary` counts every delivery of the
+    notification by current state (not only the page's)."""
 
     notification_id: str
     notification_type: str
@@ -70,6 +87,7 @@ class NotificationStatus(BaseModel):
     recipients: str
     deliveries: list[DeliveryStatus]
     summary: dict[str, int]
+    progress: Progress
     next_cursor: str | None = None
 
 
@@ -119,10 +137,12 @@ async def read_status(
     deliveries = sorted(
         (_delivery(d, raw) for d, raw in fields.items()), key=lambda d: (d.user_id, d.channel)
     )
-    summary: dict[str, int] = {}
-    for d in deliveries:
-        summary[d.state] = summary.get(d.state, 0) + 1
-    if not deliveries and cursor == 0:
+    counted: dict[str, str] = await st.redis.hgetall(counts_key(nid))  # type: ignore[assignment]
+    summary = {s: int(n) for s, n in counted.items() if int(n) > 0}
+    if not counted:  # written before the counts existed: the page's
+        for d in deliveries:
+            summary[d.state] = summary.get(d.state, 0) + 1
+    if not summary:
         state = "ACCEPTED"
     elif len(summary) == 1:
         state = next(iter(summary))
@@ -132,5 +152,6 @@ async def read_status(
         notification_id=nid, notification_type=meta["notification_type"],
         traffic_class=meta["traffic_class"], accepted_at=from_ms(int(meta["accepted_at"])),
         state=state, recipients=meta.get("recipients", ""), deliveries=deliveries,
-        summary=summary, next_cursor=str(next_cursor) if int(next_cursor) else None,
+        summary=summary, progress=Progress(**progress(meta, summary)),  # type: ignore[arg-type]
+        next_cursor=str(next_cursor) if int(next_cursor) else None,
     )  # fmt: skip

@@ -17,7 +17,7 @@ import logging
 from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from functools import partial
 from typing import Any, NamedTuple
@@ -31,6 +31,7 @@ from dataflows._redis import CapCharge, CapCounter, RequestGate, redis_client
 from dataflows._settings import Clock
 from herald.catalog import Catalog, CatalogLookupError
 from herald.config import HeraldSettings, SmsLimits
+from herald.controls import PlanControls
 from herald.errors import HeraldError
 from herald.plan_records import (
     CapDays,
@@ -132,6 +133,7 @@ class Planner:
         self.renderer = Renderer(catalog)
         self._caps: CapCounter | None = None
         self._state: UserState | None = None
+        self._controls: PlanControls | None = None
         self._otp: OtpGuard | None = None
         self._redis_thread: ThreadPoolExecutor | None = None
 
@@ -141,14 +143,34 @@ class Planner:
 
     def fetch(self, batch: list[AudienceBatch]) -> Fetched:
         """The batches and their users' copies, read on the helper thread while the caller goes
-        on (dataflows/plan.py `_chain` fetches the next chunk's while it plans this one)."""
+        on (dataflows/plan.py `_chain` fetches the next chunk's while it plans this one). The
+        batches of a cancelled notification come back with a cancelled request."""
         if self._state is None:
-            self._state = UserState(
-                redis_client(self.settings.redis),
-                self.settings.kafka.topic_prefix,
-                self.cache_users,
-            )
+            client = redis_client(self.settings.redis)
+            self._state = UserState(client, self.settings.kafka.topic_prefix, self.cache_users)
+            self._controls = PlanControls(client)
+        batch = self._cancelled(batch)
         return Fetched(batch, self._helper().submit(self._state.read, batch))
+
+    def _cancelled(self, batch: list[AudienceBatch]) -> list[AudienceBatch]:
+        """`batch` with the requests of cancelled notifications marked (one round trip): the
+        policy suppresses every channel of their users (`cancelled`)."""
+        assert self._controls is not None
+        cancelled = self._controls.cancelled(b.request.notification_id for b in batch)
+        if not cancelled:
+            return batch
+        marked: dict[str, PlanRequest] = {}
+        out: list[AudienceBatch] = []
+        for item in batch:
+            nid = item.request.notification_id
+            if nid in cancelled:
+                request = marked.get(nid)
+                if request is None:
+                    policy = replace(item.request.policy, cancelled=True)
+                    request = marked[nid] = replace(item.request, policy=policy)
+                item = replace(item, request=request)
+            out.append(item)
+        return out
 
     def start(self, fetched: Fetched) -> Callable[[], list[Any]]:
         """Plan a fetched batch; the returned call waits for the cap charges' answers and gives

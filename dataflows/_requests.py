@@ -14,6 +14,11 @@ Each Kafka partition of herald.requests.{class} is one Bytewax partition that:
    downstream). At most `MAX_PENDING` expansions are queued before reading pauses.
 
 `fanout_batches_per_second` (> 0) paces expansions per partition.
+
+Before each page the partition records how many users of the audience were planned so far and
+reads the notification's control (herald.controls): a paused expansion waits, re-checked every
+`PAUSE_RECHECK_S`, while the others go on; a cancelled one goes on too, and the planner ends
+its users as SUPPRESSED `cancelled`.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
 
 from dataflows._audience import AudienceStore
 from herald.config import KafkaSettings
+from herald.controls import PAUSE_RECHECK_S, PAUSED, PlanControls
 from herald.errors import SerdeError
 from herald.planning import AudienceBatch, PlanRequest, chunk_users
 from sinks.kafka import dead_letter
@@ -76,6 +82,7 @@ class RequestSource(FixedPartitionedSource[Item, State]):
         deserializer: Callable[[bytes | None], dict[str, Any]],
         admit: Admit,
         audience: Callable[[], AudienceStore],
+        controls: Callable[[], PlanControls],
         batch_size: int = 1000,
         fanout_batches_per_second: float = 0.0,
         bounded: bool = False,
@@ -84,6 +91,7 @@ class RequestSource(FixedPartitionedSource[Item, State]):
         self.deserializer = deserializer
         self.admit = admit
         self.audience = audience
+        self.controls = controls
         self.batch_size = batch_size
         self.pace = (
             timedelta(seconds=1 / fanout_batches_per_second)
@@ -120,8 +128,10 @@ class _RequestPartition(StatefulSourcePartition[Item, State]):
         self._kafka = kafka_part
         self._expansions = expansions
         self._store: AudienceStore | None = None
+        self._controls: PlanControls | None = None
         self._eof = False
         self._next_expansion = datetime.now(UTC)
+        self._paused_seen = 0  # paused expansions met in a row
 
     def next_batch(self) -> list[Item]:
         """One audience batch of the oldest expansion (when due), then new requests."""
@@ -140,10 +150,11 @@ class _RequestPartition(StatefulSourcePartition[Item, State]):
         return out
 
     def next_awake(self) -> datetime | None:
-        """At the pace while expanding, else Bytewax's default (an idle worker waits in the
-        shared consumer's poll, sources/consumer.py)."""
+        """At the pace (or the pause re-check) while expanding, else Bytewax's default (an idle
+        worker waits in the shared consumer's poll, sources/consumer.py)."""
         if self._expansions:
-            return self._next_expansion if self._src.pace else None
+            paced = self._src.pace or self._next_expansion > datetime.now(UTC)
+            return self._next_expansion if paced else None
         return None
 
     def snapshot(self) -> State:
@@ -183,6 +194,12 @@ class _RequestPartition(StatefulSourcePartition[Item, State]):
         exp = self._expansions[0]
         if self._store is None:
             self._store = self._src.audience()
+        if self._controls is None:
+            self._controls = self._src.controls()
+        controls, nid = self._controls, exp.request.notification_id
+        if controls.planned(nid, exp.users) == PAUSED:
+            return self._paused()
+        self._paused_seen = 0
         assert exp.request.segment_id is not None
         size = self._src.batch_size
         want = size if self._src.pace is not None else size * PAGE_BATCHES
@@ -193,6 +210,7 @@ class _RequestPartition(StatefulSourcePartition[Item, State]):
         chunks = [members[i : i + size] for i in range(0, len(members), size)]
         if last:
             self._expansions.pop(0)
+            controls.planned(nid, exp.users + len(members), exp.users + len(members))
             log.info(
                 "plan.audience_done notification_id=%s batches=%d users=%d",
                 exp.request.notification_id, exp.batch_no + len(chunks),
@@ -218,6 +236,16 @@ class _RequestPartition(StatefulSourcePartition[Item, State]):
             final = last and i == len(chunks) - 1
             out.append(AudienceBatch(exp.request, batch_no, tuple(chunk), final))
         return out
+
+    def _paused(self) -> list[Item]:
+        """The oldest expansion is paused: the next one goes first; when every pending one has
+        been found paused in turn, the partition waits `PAUSE_RECHECK_S` before looking again."""
+        self._expansions.append(self._expansions.pop(0))
+        self._paused_seen += 1
+        if self._paused_seen >= len(self._expansions):
+            self._paused_seen = 0
+            self._next_expansion = datetime.now(UTC) + timedelta(seconds=PAUSE_RECHECK_S)
+        return []
 
 
 def _empty_segment(request: PlanRequest) -> dict[str, Any]:

@@ -4,10 +4,11 @@
         -> spread over the job's workers
         -> each user with their preferences and contact points: the Redis copies the users job
            and the API keep (dataflows/_copies.py; one MGET per chunk of users)
-        -> per user x channel: catalog, opt-outs, availability, quiet hours, caps, expiry,
-           rendering, fallback (herald.policy via herald.plan_records); users planned alike
-           (same preferences and kinds of contact points) get their records from a template
-           made from one of them (dataflows/_classes.py)
+        -> per user x channel: catalog, cancel (herald.controls), opt-outs, availability,
+           quiet hours, caps, expiry, rendering, fallback (herald.policy via
+           herald.plan_records); users planned alike (same preferences and kinds of contact
+           points) get their records from a template made from one of them
+           (dataflows/_classes.py)
         -> Delivery on herald.deliveries.{channel}.{class} (PLANNED), or on herald.scheduled
            with not_before (SCHEDULED), or nothing (SUPPRESSED / EXPIRED with the reason);
            every decision is a delivery_event on herald.delivery-events
@@ -54,10 +55,12 @@ from dataflows._common import produce_with_dead_letters
 from dataflows._encode import Encoder
 from dataflows._metrics import CountOutputs
 from dataflows._planner import Admission, Planner
+from dataflows._redis import redis_client
 from dataflows._requests import RequestSource
 from dataflows._settings import Clock, PlanningSettings, entry_settings
 from herald.catalog import TRAFFIC_CLASSES, Catalog, load_catalog
 from herald.config import HeraldSettings
+from herald.controls import PlanControls
 from herald.planning import AudienceBatch
 from schemas.registry import SchemaRegistry, make_registry
 from schemas.serde import AvroDeserializer
@@ -162,6 +165,7 @@ def _tasks(flow: Dataflow, p: _Parts, traffic_class: str, bounded: bool) -> Bran
         deserializer=AvroDeserializer(p.registry, "notification_request"),
         admit=Admission(p.catalog, p.settings, p.planning.request_dedup_ttl_seconds, p.clock),
         audience=partial(ClickHouseAudience, p.settings.clickhouse),
+        controls=lambda: PlanControls(redis_client(p.settings.redis)),
         batch_size=p.planning.audience_batch_size,
         fanout_batches_per_second=p.planning.fanout_batches_per_second, bounded=bounded,
     )  # fmt: skip

@@ -3,6 +3,7 @@
 `decide(catalog, request, prefs, contacts, now_utc, cap_count)` returns one decision per channel
 considered, checked in the seeds' order (the first failing check gives the reason):
 
+0. the notification was cancelled (`PolicyRequest.cancelled`, herald.controls) → `cancelled`;
 1. global opt-out → `global_opt_out`;  2. category opt-out → `category_opt_out`
    (both skipped by `bypass_opt_out`, which only approved transactional types have);
 3. per channel: not allowed for the type → `channel_not_allowed`; channel or category×channel
@@ -275,6 +276,7 @@ class PolicyRequest:
     send_at: datetime | None = None
     expire_at: datetime | None = None
     accepted_at: datetime | None = None
+    cancelled: bool = False  # cancelled through the API (herald.controls): nothing is sent
 
     @classmethod
     def from_record(cls, rec: Mapping[str, Any]) -> PolicyRequest:
@@ -368,6 +370,8 @@ def decide(
         raise ValueError("now_utc must be timezone-aware")
     nt = catalog.get(request.notification_type)
     primaries, permitted, out = _channels(nt, request)
+    if request.cancelled:
+        return [*out, *(Suppress(c, "cancelled") for c in primaries)]
     user_reason = _user_opt_out(nt, prefs)
     if user_reason is not None:
         return [*out, *(Suppress(c, user_reason) for c in primaries)]

@@ -4,6 +4,8 @@ backwards.
     status:{<notification_id>}   hash   delivery_id -> JSON {state, reason, channel, user_id,
                                         provider, updated_at (RFC 3339, Z), generation};
                                         TTL 30 days
+    counts:{<notification_id>}   hash   state -> number of deliveries in it now (kept by the
+                                        same script, so a 1M campaign's progress is one HGETALL)
 
 This is the layout of api/keys.py (`keys.status`) and api/status.py (`status_entry`), which the
 API reads; tests/herald/test_receipts.py checks that both sides agree.
@@ -42,6 +44,7 @@ __all__ = [
     "STATUS_TTL_SECONDS",
     "StatusUpdate",
     "allowed_sources",
+    "counts_key",
     "header_key",
     "request_header",
     "status_entry",
@@ -52,16 +55,18 @@ __all__ = [
 
 STATUS_TTL_SECONDS = 30 * 24 * 3600
 
-# KEYS[1] status hash; ARGV: delivery_id, entry JSON, new state, ttl ms, generation, sources...
+# KEYS[1] status hash, KEYS[2] counts hash; ARGV: delivery_id, entry JSON, new state, ttl ms,
+# generation, sources...
 CAS_SCRIPT = """
 local current = redis.call('HGET', KEYS[1], ARGV[1])
+local from = nil
 if current then
   local ok, doc = pcall(cjson.decode, current)
   if ok and type(doc) == 'table' and type(doc['state']) == 'string' then
+    from = doc['state']
     local had, gen = tonumber(doc['generation']) or 0, tonumber(ARGV[5])
     if gen < had then return 0 end
     if gen == had then
-      local from = doc['state']
       if from == ARGV[3] then return 0 end
       local allowed = false
       for i = 6, #ARGV do
@@ -72,8 +77,13 @@ if current then
   end
 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+if from ~= ARGV[3] then
+  redis.call('HINCRBY', KEYS[2], ARGV[3], 1)
+  if from then redis.call('HINCRBY', KEYS[2], from, -1) end
+end
 if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[4]) then
   redis.call('PEXPIRE', KEYS[1], ARGV[4])
+  redis.call('PEXPIRE', KEYS[2], ARGV[4])
 end
 return 1
 """
@@ -128,6 +138,11 @@ def write_headers(
 def status_key(notification_id: str) -> str:
     """The status hash of one notification (hash tag: one Cluster slot per notification)."""
     return f"status:{{{notification_id}}}"
+
+
+def counts_key(notification_id: str) -> str:
+    """Deliveries per current state of one notification (same slot as its status hash)."""
+    return f"counts:{{{notification_id}}}"
 
 
 def status_entry(
@@ -189,6 +204,7 @@ def write_statuses(
     pipe = client.pipeline(transaction=False)
     batch = list(updates)
     for update in batch:
-        script(keys=[status_key(update.notification_id)], args=update.args(ttl_seconds),
+        nid = update.notification_id
+        script(keys=[status_key(nid), counts_key(nid)], args=update.args(ttl_seconds),
                client=pipe)  # fmt: skip
     return [bool(r) for r in pipe.execute()] if batch else []

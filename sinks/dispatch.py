@@ -37,6 +37,7 @@ from bytewax.outputs import DynamicSink, StatelessSinkPartition
 from herald.breaker import CircuitBreaker
 from herald.catalog import Catalog, load_catalog
 from herald.config import HeraldSettings, RedisSettings
+from herald.controls import DispatchControls, parked_entry
 from herald.errors import DeliveryError
 from herald.guard import SendGuard
 from herald.metrics import JobMetrics
@@ -124,9 +125,12 @@ class DispatchPartition(StatelessSinkPartition[Decoded]):
         sender = ShapedSender(self.providers, shaper, frozenset(cfg.rates),
                               max_wait_s=cfg.shape_max_wait_s, clock=utc_now)  # fmt: skip
         self.contacts = ContactStore(self.redis, cluster=settings.redis.cluster)
+        seat = f"{settings.kafka.topic_prefix}{name}"
+        self.controls = DispatchControls(self.redis, seat, cfg.control_lease_s)
         self.dispatcher = Dispatcher(
             cfg, catalog, guard, self.breaker, sender, self.contacts, clock=utc_now,
             metrics=JobMetrics("dispatch"), hook=sink.hook, pii_key=settings.pii.key_bytes(),
+            controls=self.controls,
         )  # fmt: skip
         self.encoder = RecordEncoder(settings, make_registry(settings.registry))
         self.producer = sink.events.build_writer(f"dispatch-{name}", "part-0")
@@ -148,6 +152,7 @@ class DispatchPartition(StatelessSinkPartition[Decoded]):
             self.producer.submit(self.encoder.encode(out))
             self._cleanups(out)
             self._watch(out.watched)
+            self._park(out.parked)
             events, retries = events + len(out.events), retries + len(out.retries)
         self.producer.flush()
         ms = (time.perf_counter() - started) * 1000
@@ -176,6 +181,21 @@ class DispatchPartition(StatelessSinkPartition[Decoded]):
             value = self.encoder.serializer(deliveries_topic(d["channel"], d["traffic_class"]))(d)
             pipe.set(watch_key(d["delivery_id"]), value, ex=watch_ttl(d, now))
         pipe.execute()
+
+    def _park(self, deliveries: list[dict[str, Any]]) -> None:
+        """Park the deliveries of paused notifications (herald.controls); one whose
+        notification was resumed or cancelled meanwhile goes back to its topic instead."""
+        if not deliveries:
+            return
+        entries = []
+        for d in deliveries:
+            logical = deliveries_topic(d["channel"], d["traffic_class"])
+            value = self.encoder.serializer(logical)(d)
+            entries.append((d["notification_id"], parked_entry(logical, d["delivery_id"], value)))
+        parked = self.controls.park(entries)
+        back = [d for d, ok in zip(deliveries, parked, strict=True) if not ok]
+        if back:
+            self.producer.submit(self.encoder.encode(Outputs(deliveries=back)))
 
     def _publish_devices(self, user_id: str, record: dict[str, Any]) -> None:
         """Produce the new contact points and wait for the ack (before the Redis copy)."""

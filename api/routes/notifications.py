@@ -27,10 +27,12 @@ from redis.exceptions import RedisError
 
 from api import keys
 from api.auth import Tenant
+from api.controls import Control, ControlResult, change_control
 from api.intake import body_hash, check_against_catalog, check_times
 from api.models import NotificationAccepted, NotificationCreate, to_request_record
 from api.otp import charge_otp_limits, check_otp_recipients, count_otp
 from api.problems import ProblemError, dumps, problem_responses
+from api.routes import PathId
 from api.state import (
     AppState,
     authenticate,
@@ -198,6 +200,52 @@ async def _record_accepted(
         )  # fmt: skip
     except RedisError as exc:
         log.warning("api.accepted_state_not_recorded nid=%s error=%s", nid, type(exc).__name__)
+
+
+async def _control(request: Request, notification_id: str, control: Control) -> Response:
+    st, tenant = await guarded(request, "notifications:write")
+    try:
+        result = await change_control(st, tenant, notification_id, control)
+    except RedisError as exc:
+        raise redis_unavailable(st, exc) from exc
+    log.info("api.notification_control nid=%s control=%s settled=%s released=%d",
+             notification_id, control, result.settled, result.released)  # fmt: skip
+    return Response(dumps(result.model_dump()), media_type="application/json")
+
+
+_CONTROL_RESPONSES = problem_responses(401, 403, 404, 409, 429, 503)
+
+
+@router.post(
+    "/v1/notifications/{notification_id}/cancel",
+    response_model=ControlResult, responses=_CONTROL_RESPONSES,
+    summary="Cancel: nothing not yet sent is sent; the rest ends SUPPRESSED `cancelled`",
+)  # fmt: skip
+async def cancel_notification(notification_id: PathId, request: Request) -> Response:
+    """Final. Answered once no dispatch worker is still sending it (`settled`); deliveries
+    parked by a pause are released to end as cancelled."""
+    return await _control(request, notification_id, "cancelled")
+
+
+@router.post(
+    "/v1/notifications/{notification_id}/pause",
+    response_model=ControlResult, responses=_CONTROL_RESPONSES,
+    summary="Pause: planning stops and deliveries reaching dispatch are parked",
+)  # fmt: skip
+async def pause_notification(notification_id: PathId, request: Request) -> Response:
+    """Answered once no dispatch worker is still sending it (`settled`). 409 after a cancel."""
+    return await _control(request, notification_id, "paused")
+
+
+@router.post(
+    "/v1/notifications/{notification_id}/resume",
+    response_model=ControlResult, responses=_CONTROL_RESPONSES,
+    summary="Resume a paused notification: parked deliveries go back to dispatch",
+)  # fmt: skip
+async def resume_notification(notification_id: PathId, request: Request) -> Response:
+    """Planning goes on where it stopped; `released` parked deliveries are sent. 409 after a
+    cancel."""
+    return await _control(request, notification_id, "running")
 
 
 @router.get(

@@ -10,7 +10,10 @@ Stages (herald.dispatching holds the pure rules, herald.retry the decisions):
    emitted again (same id) and nothing is sent; CLAIMED/UNKNOWN → skipped; PENDING of another
    live worker → requeued for when that PENDING (or its worker's lease) expires (seed 000 §5.2
    "try again later"); PENDING of a dead worker (lease gone) → taken over and sent;
-3. re-checks just before sending: expired → EXPIRED, opted out since planning → SUPPRESSED
+3. re-checks just before sending: the notification cancelled → SUPPRESSED `cancelled`,
+   paused → parked until resumed (SCHEDULED `paused`, herald.controls; one round trip per batch,
+   which also takes the worker's send lease on each running notification, given back after
+   the rounds); expired → EXPIRED, opted out since planning → SUPPRESSED
    (the API's Redis copy of the preferences, one round trip), guard released; inside the
    user's quiet hours (a backlog drained late, a retry, a DLQ replay, a window set since
    planning; `herald.policy.quiet_end`) → held again: a SCHEDULED `quiet_hours` event and the
@@ -45,6 +48,7 @@ from typing import Any, cast
 
 from herald.breaker import CircuitBreaker
 from herald.catalog import Catalog
+from herald.controls import CANCELLED, DispatchControls
 from herald.dispatching import (
     attempt_context,
     due_at,
@@ -104,8 +108,10 @@ class Dispatcher:
         metrics: JobMetrics | None = None,
         hook: Hook | None = None,
         pii_key: bytes,
+        controls: DispatchControls | None = None,
     ) -> None:
         self.settings = settings
+        self.controls = controls  # cancel / pause checks and send leases (None: not checked)
         self.pii_key = pii_key  # the address tags of accepted SMS and email (herald.receipts)
         self.catalog = catalog
         self.guard = guard
@@ -126,11 +132,16 @@ class Dispatcher:
         out = Outputs()
         items = self._due(batch, out)
         items = self._guarded(items, out)
-        items = self._rechecked(items, out)
-        self._stage("guarded", items)
-        pending = items
-        while pending:
-            pending = self._round(pending, out)
+        try:
+            items = self._controlled(items, out)
+            items = self._rechecked(items, out)
+            self._stage("guarded", items)
+            pending = items
+            while pending:
+                pending = self._round(pending, out)
+        finally:
+            if self.controls is not None:
+                self.controls.release()
         self._stage("sent", items)
         self._mark(items)
         self._stage("marked", items)
@@ -215,6 +226,35 @@ class Dispatcher:
         )  # fmt: skip
 
     # -- 3. re-checks --------------------------------------------------------------------------
+
+    def _controlled(self, items: list[Item], out: Outputs) -> list[Item]:
+        """Items of running notifications; cancelled ones end SUPPRESSED `cancelled`, paused
+        ones are parked (herald.controls). Leases are taken on the running ones."""
+        if self.controls is None or not items:
+            return items
+        now = self.clock()
+        found = self.controls.hold((it.delivery["notification_id"] for it in items), _ms(now))
+        if not found:
+            return items
+        kept: list[Item] = []
+        for it in items:
+            control = found.get(it.delivery["notification_id"])
+            if control is None:
+                kept.append(it)
+                continue
+            state, reason = (
+                (State.SUPPRESSED, "cancelled") if control == CANCELLED
+                else (State.SCHEDULED, "paused")
+            )  # fmt: skip
+            out.events.append(event(it.delivery, state, attempt=it.attempt - 1, now=now,
+                                    provider=it.provider, reason=reason))  # fmt: skip
+            if control == CANCELLED:
+                self.metrics.suppressed("cancelled")
+            else:
+                out.parked.append(it.delivery)
+            it.guard_op = "release"
+            self._release(it)
+        return kept
 
     def _rechecked(self, items: list[Item], out: Outputs) -> list[Item]:
         if not items:
@@ -428,6 +468,10 @@ class Dispatcher:
             self.metrics.sent(provider, channel, n)
         for letter in out.dead_letters:
             self.metrics.dead_letter(letter.reason.split(":", 1)[0])
+
+
+def _ms(at: datetime) -> int:
+    return int(at.timestamp() * 1000)
 
 
 def next_in(seconds: float, now: datetime) -> datetime:

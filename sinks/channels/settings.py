@@ -139,6 +139,9 @@ class DispatchSettings(BaseSettings):
     early_tolerance_s: float = Field(default=0.5, ge=0)
     # Upper bound of a provider call, as the guard TTL check assumes it.
     call_timeout_s: float = Field(default=10.0, gt=0)
+    # A worker's send lease on a notification (herald.controls): a cancel or pause is answered
+    # once none is left, so it outlasts a batch's sends (a dead worker's lapses after it).
+    control_lease_s: float = Field(default=60.0, gt=0)
 
     @model_validator(mode="after")
     def _check(self) -> DispatchSettings:

@@ -75,6 +75,8 @@ class Outputs:
     deliveries: list[dict[str, Any]] = field(default_factory=list)  # fallback deliveries
     # accepted deliveries with a cross-channel fallback step: kept for a late failure
     watched: list[dict[str, Any]] = field(default_factory=list)
+    # deliveries of paused notifications, parked until resumed (herald.controls)
+    parked: list[dict[str, Any]] = field(default_factory=list)
 
     def extend(self, other: Outputs) -> None:
         """Append everything `other` collected."""
@@ -85,3 +87,4 @@ class Outputs:
         self.disables.extend(other.disables)
         self.deliveries.extend(other.deliveries)
         self.watched.extend(other.watched)
+        self.parked.extend(other.parked)

@@ -21,6 +21,7 @@ from api import keys
 from herald.breaker import CircuitBreaker
 from herald.catalog import load_catalog
 from herald.config import PiiSettings
+from herald.controls import DispatchControls
 from herald.guard import SendGuard
 from herald.shaping import RateShaper
 from infra.simulators.launcher import RunningSimulator
@@ -147,9 +148,12 @@ class Harness:
         sender = ShapedSender(self.providers, self.shaper, frozenset(cfg.rates),
                               max_wait_s=cfg.shape_max_wait_s, clock=now)  # fmt: skip
         self.contacts = ContactStore(self.redis)
+        self.controls = DispatchControls(self.redis, f"test-{uuid.uuid4().hex[:6]}",
+                                         cfg.control_lease_s)  # fmt: skip
         self.dispatcher = Dispatcher(cfg, CATALOG, self.guard, self.breaker, sender,
                                      self.contacts, clock=now, hook=hook,
-                                     pii_key=PiiSettings().key_bytes())  # fmt: skip
+                                     pii_key=PiiSettings().key_bytes(),
+                                     controls=self.controls)  # fmt: skip
 
     def run(self, deliveries: list[dict[str, Any]]) -> Outputs:
         return self.dispatcher.dispatch([(None, d) for d in deliveries])

@@ -12,11 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from bytewax.recovery import init_db_dir
 
 from dataflows._audience import load_segment
 from herald import ids
 from herald.config import HeraldSettings
+from herald.status_keys import header_key, request_header
 from infra.process import free_port
 from tests.dataflows.helpers import produce
 from tests.dataflows.jobs import (
@@ -246,3 +248,53 @@ def test_sigkill_and_restart_lose_nothing(
     assert all(all(c == cs[0] for c in cs) for cs in copies.values())  # replays are identical
     letters = {d["dead_letter_id"] for d in read(settings, DEAD_LETTERS)}
     assert len(letters) == 1
+
+
+def _header(settings: HeraldSettings, nid: str, control: str) -> redis.Redis:
+    """The notification's status header (as the API writes it at accept) with a control."""
+    client = redis.Redis.from_url(settings.redis.url, decode_responses=True)
+    header = request_header("acme", f"r-{nid}", "inbox_announcement", "bulk", 0, 0, "s", False)
+    client.hset(header_key(nid), mapping={**header, "control": control})
+    return client
+
+
+def test_a_paused_segment_waits_and_a_cancelled_one_ends_suppressed(
+    settings: HeraldSettings, subprocess_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Two 1,500-user segment campaigns (herald.controls): the paused one is not expanded
+    until resumed, then planned in full; every user of the cancelled one ends SUPPRESSED
+    `cancelled`, and the header says how many users were planned."""
+    p = settings.kafka.topic_prefix
+    users = [f"{p}m{i:05d}" for i in range(1500)]
+    load_segment(settings.clickhouse, f"{p}seg", users)
+    paused, cancelled = f"{p}paused", f"{p}cancelled"
+    client = _header(settings, paused, "paused")
+    _header(settings, cancelled, "cancelled").close()
+    job = Job(subprocess_env, tmp_path / "job.log", IMPORT)
+    try:
+        send(settings, "herald.requests.bulk",
+             [announcement(nid, segment=f"{p}seg") for nid in (paused, cancelled)],
+             "notification_id")  # fmt: skip
+        events = wait_for(settings, EVENTS, lambda r: len(planned_users(r, cancelled)) >= 1500,
+                          job=job)  # fmt: skip
+        # the source looked at the paused one (it records the users planned when it looks)
+        # and holds it: nothing of it was planned
+        deadline = time.monotonic() + 20
+        while client.hget(header_key(paused), "users_planned") is None:
+            assert time.monotonic() < deadline, "the source never looked at the paused one"
+            time.sleep(0.1)
+        assert client.hget(header_key(paused), "users_planned") == "0"
+        assert planned_users(read(settings, EVENTS), paused) == set()
+        client.hset(header_key(paused), "control", "running")
+        events = wait_for(settings, EVENTS, lambda r: len(planned_users(r, paused)) >= 1500,
+                          job=job)  # fmt: skip
+    finally:
+        output = job.stop()
+    assert_no_job_errors(output)
+    of = {nid: [e for e in events if e["notification_id"] == nid] for nid in (paused, cancelled)}
+    assert {(e["state"], e["reason"]) for e in of[cancelled]} == {("SUPPRESSED", "cancelled")}
+    assert {e["state"] for e in of[paused]} == {"PLANNED"}
+    assert planned_users(events, paused) == planned_users(events, cancelled) == set(users)
+    for nid in (paused, cancelled):
+        assert client.hmget(header_key(nid), "users_planned", "users_total") == ["1500", "1500"]
+    client.close()

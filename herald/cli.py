@@ -7,6 +7,7 @@ herald migrate            apply ClickHouse migrations
 herald topics             list the topic catalog; `herald topics --create` creates them
 herald schemas            check every Avro schema against its published history
 herald logs NAME          print the end of a component's log
+herald pause|resume|cancel NID, herald progress NID [--watch]   campaign control (cli_campaigns)
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from herald.cli_campaigns import register as register_campaigns
 from herald.config import ClickHouseSettings, HeraldSettings, RunSettings
 from herald.errors import HeraldError
 
@@ -393,6 +395,9 @@ def _stack_settings(run_dir: Path | None) -> HeraldSettings:
         # the stack's addresses win over the environment: this process talks to that stack
         os.environ.update(state["env"])
     return HeraldSettings()
+
+
+register_campaigns(app)
 
 
 def main() -> None:

@@ -223,6 +223,11 @@ class StackClient:
         resp = self.api.get(f"/v1/notifications/{notification_id}", params={"limit": limit})
         return dict(_expect(resp, 200, f"status of {notification_id}"))
 
+    def control(self, notification_id: str, action: str) -> dict[str, Any]:
+        """POST /v1/notifications/{id}/{cancel|pause|resume}: the answer (api/controls.py)."""
+        resp = self.api.post(f"/v1/notifications/{notification_id}/{action}", timeout=60)
+        return dict(_expect(resp, 200, f"{action} {notification_id}"))
+
     def wait_for(
         self,
         notification_id: str,

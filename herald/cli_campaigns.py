@@ -24,7 +24,7 @@ from herald.errors import HeraldError
 
 __all__ = ["register"]
 
-console = Console()
+console = Console(soft_wrap=True)  # one line per answer, also when piped
 err = Console(stderr=True)
 
 NotificationId = Annotated[str, typer.Argument(help="The notification_id the API answered.")]

@@ -3,7 +3,8 @@
     create_app(settings, api=..., providers=..., tenants=..., catalog=...)  -> FastAPI
 
 Its lifespan connects Redis and starts the Kafka producer (poll thread); shutdown flushes the
-producer. `python -m api --host H --port P` loads settings from the environment and serves it.
+producer and closes the segments' ClickHouse client (made on first use). `python -m api --host H
+--port P` loads settings from the environment and serves it.
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ def create_app(
             yield
         finally:
             await st.close_inbox_hub()
+            await st.close_segments()
             st.producer.close()
             if st.fast is not None:
                 await st.fast.close()
@@ -88,8 +90,9 @@ def create_app(
     app.state.herald = st
     install_problem_handlers(app)
     app.add_middleware(
-        BodyLimitMiddleware, limit=api.max_body_bytes, callback_limit=api.max_callback_body_bytes
-    )
+        BodyLimitMiddleware, limit=api.max_body_bytes, callback_limit=api.max_callback_body_bytes,
+        upload_limit=api.segment_upload_max_bytes,
+    )  # fmt: skip
     from api.fastpath import NotificationsFastPath
 
     app.add_middleware(NotificationsFastPath, state=st)  # outermost: the hot path skips the rest
@@ -121,11 +124,14 @@ def _include_routers(app: FastAPI) -> None:
         notifications,
         otp,
         preferences,
+        segments,
         tracking,
         unsubscribe,
     )
 
-    routers = (notifications, preferences, devices, callbacks, inbox, tracking, unsubscribe, otp)
+    routers = (
+        notifications, preferences, devices, callbacks, inbox, tracking, unsubscribe, otp, segments,
+    )  # fmt: skip
     for module in routers:
         app.include_router(module.router)
 

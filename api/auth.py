@@ -13,7 +13,8 @@ The tenants file (TOML, `ApiSettings.tenants_file`, default `api/tenants.toml`):
 
 A key without `types` may send every type of the catalog, without `segments` target every
 segment; with them, anything else is 403 `type_not_allowed` / `segment_not_allowed` (so the
-orders service's key cannot send `otp_login`). `scopes` name what a key may call at all.
+orders service's key cannot send `otp_login`); the segments list also bounds which segments the
+key may create, read and delete (api/segments.py). `scopes` name what a key may call at all.
 
 Keys are random high-entropy strings (`python -m api.auth new <tenant>`), so one SHA-256 is
 enough to make a stolen file useless (no password stretching needed, and lookups stay O(1)).
@@ -47,6 +48,9 @@ SCOPES = frozenset(
         "contact_points:verify",  # set a phone or email as `verified` (else 403)
         "pii:read",  # whole phone numbers and email addresses in responses (else masked)
         "inbox:token",  # mint end users' inbox tokens (POST /v1/users/{id}/inbox/tokens)
+        "segments:write",  # upload and delete segments (PUT/DELETE /v1/segments/{id})
+        "segments:read",  # list and show segments
+        "segments:query",  # make a segment from a read-only ClickHouse query (POST /v1/segments)
     }
 )
 

@@ -34,6 +34,8 @@ user's keys live in one slot and multi-key scripts on them work on a cluster.
     inbox:{user}:unread         set     unread item ids (SCARD = unread count)
     inbox:{user}:undelivered    set     item ids no app has fetched or been pushed yet
     inbox:{user}:events         pubsub  channel: {"type": "item"|"unread", ...} for WebSockets
+    segment:{<id>}:lock         string  held while a segment is created or deleted
+                                        (api/segments.py), TTL 60 s renewed while it fills
 
 The copies (`prefs:{user}`, `cp:{user}`) are written with `COPY_IF_NEWER` by the API after
 Kafka's ack and by the users job from the changelogs, so an older record never replaces a newer
@@ -121,6 +123,10 @@ def inbox_undelivered(user_id: str) -> str:
 
 def inbox_channel(user_id: str) -> str:
     return f"inbox:{{{user_id}}}:events"
+
+
+def segment_lock(segment_id: str) -> str:
+    return f"segment:{{{segment_id}}}:lock"
 
 
 def users_positions(topic_prefix: str) -> str:

@@ -2,7 +2,8 @@
 
 A declared `Content-Length` above the limit is answered 413 without reading the body; a body
 without one (chunked) is counted as it streams and cut off with 413 once it passes the limit.
-Callback paths get their own (larger) limit: providers batch events (SendGrid up to ~768 KB).
+Callback paths get their own (larger) limit: providers batch events (SendGrid up to ~768 KB);
+segment uploads (`PUT /v1/segments/{id}`, streamed into ClickHouse) theirs (gigabytes).
 """
 
 from __future__ import annotations
@@ -23,19 +24,29 @@ class BodyTooLarge(HTTPException):
 
 
 class BodyLimitMiddleware:
-    """Reject request bodies larger than `limit` bytes (`callback_limit` under /v1/callbacks/)."""
+    """Reject request bodies larger than `limit` bytes (`callback_limit` under /v1/callbacks/,
+    `upload_limit` for a segment upload)."""
 
-    def __init__(self, app: ASGIApp, limit: int, callback_limit: int) -> None:
+    def __init__(self, app: ASGIApp, limit: int, callback_limit: int, upload_limit: int) -> None:
         self.app = app
         self.limit = limit
         self.callback_limit = callback_limit
+        self.upload_limit = upload_limit
+
+    def limit_of(self, scope: Scope) -> int:
+        """The body limit of the request `scope`."""
+        path: str = scope.get("path", "")
+        if path.startswith("/v1/callbacks/"):
+            return self.callback_limit
+        if path.startswith("/v1/segments/") and scope.get("method") == "PUT":
+            return self.upload_limit
+        return self.limit
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        path: str = scope.get("path", "")
-        limit = self.callback_limit if path.startswith("/v1/callbacks/") else self.limit
+        limit = self.limit_of(scope)
         for name, value in scope.get("headers", ()):
             if name == b"content-length":
                 try:

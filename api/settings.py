@@ -112,6 +112,12 @@ class ApiSettings(SmsLimits):
     inbox_ws_idle_seconds: float = Field(default=3600.0, gt=0)
     # Lifetime of an end user's inbox token (POST /v1/users/{id}/inbox/tokens).
     inbox_token_ttl_seconds: int = Field(default=900, ge=60, le=86400)
+    # Segments (api/segments.py): the largest upload body, members per ClickHouse insert, uploads
+    # and queries filled at once by one process (more wait), a segment query's time limit.
+    segment_upload_max_bytes: int = Field(default=4 << 30, ge=1024)
+    segment_insert_rows: int = Field(default=100_000, ge=1)
+    segment_ingest_workers: int = Field(default=4, ge=1)
+    segment_query_timeout_seconds: int = Field(default=300, ge=1)
     # OTP abuse limits: (count, window seconds) per end-user IP and end-user device (per phone
     # and the SMS prefixes: herald.config.SmsLimits, shared with the plan job).
     otp_per_ip: tuple[int, int] = (20, 600)

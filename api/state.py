@@ -20,6 +20,7 @@ from api.inbox_hub import InboxHub
 from api.kafka import AsyncProducer
 from api.metrics import ApiMetrics
 from api.problems import ProblemError
+from api.segment_store import SegmentStore
 from api.settings import ApiSettings, ProviderSecrets
 from herald.catalog import Catalog
 from herald.config import HeraldSettings
@@ -53,6 +54,7 @@ class AppState:
     # Pipelining client for scripts (api/resp.py); None on Redis Cluster or without hiredis.
     fast: Any = None
     _hub: InboxHub | None = None
+    _segments: SegmentStore | None = None
 
     @property
     def inbox_hub(self) -> InboxHub:
@@ -67,6 +69,18 @@ class AppState:
         """End the live inbox subscriptions (the app's shutdown)."""
         if self._hub is not None:
             await self._hub.close()
+
+    @property
+    def segments(self) -> SegmentStore:
+        """The segments' ClickHouse side (made on first use; no I/O until a statement)."""
+        if self._segments is None:
+            self._segments = SegmentStore(self.settings.clickhouse, self.api.segment_ingest_workers)
+        return self._segments
+
+    async def close_segments(self) -> None:
+        """Wait for running segment ingests and close the ClickHouse client (shutdown)."""
+        if self._segments is not None:
+            await asyncio.to_thread(self._segments.close)
 
     async def script(self, source: str, keys: list[str], args: list[Any]) -> Any:
         """Run a Lua script by SHA (EVALSHA; loaded on first use or after a Redis restart)."""
@@ -175,10 +189,17 @@ def check_authority(
             403, "type_not_allowed", f"key {tenant.key_id} may not send {notification_type}",
             notification_type=notification_type,
         )  # fmt: skip
-    if segment_id is not None and not tenant.may_target(segment_id):
+    if segment_id is not None:
+        check_segment_allowed(st, tenant, segment_id)
+
+
+def check_segment_allowed(st: AppState, tenant: Tenant, segment_id: str) -> None:
+    """403 `segment_not_allowed` beyond the key's segments allow-list (sending to a segment,
+    creating or reading it)."""
+    if not tenant.may_target(segment_id):
         st.metrics.rejected.labels("segment_not_allowed").inc()
         raise ProblemError(
-            403, "segment_not_allowed", f"key {tenant.key_id} may not send to this segment",
+            403, "segment_not_allowed", f"key {tenant.key_id} may not use this segment",
             segment_id=segment_id,
         )  # fmt: skip
 

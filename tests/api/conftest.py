@@ -32,6 +32,8 @@ READ_KEY = "hk_test_read_0123456789abcdef"
 SLOW_KEY = "hk_test_slow_0123456789abcdef"
 ORDERS_KEY = "hk_test_orders_0123456789abcdef"  # may send order_shipped only, to no segment
 DEVICES_KEY = "hk_test_devices_0123456789abcdef"  # devices:write/read only
+SEGMENTS_KEY = "hk_test_segments_0123456789abcdef"  # acme's, segments:write/read only (no query)
+RIVAL_KEY = "hk_test_rival_0123456789abcdef"  # another tenant with every scope
 SMS_A_TOKEN = "test-twilio-auth-token"
 SMS_B_SECRET = "test-vonage-signature-secret"
 
@@ -43,7 +45,18 @@ def make_tenants() -> Tenants:
                 "acme": {
                     "rate_limit_per_second": 10_000,
                     "keys": [
-                        {"id": "full", "sha256": hash_key(FULL_KEY), "scopes": sorted(SCOPES)}
+                        {"id": "full", "sha256": hash_key(FULL_KEY), "scopes": sorted(SCOPES)},
+                        {
+                            "id": "segments",
+                            "sha256": hash_key(SEGMENTS_KEY),
+                            "scopes": ["segments:write", "segments:read"],
+                        },
+                    ],
+                },
+                "rival": {
+                    "rate_limit_per_second": 10_000,
+                    "keys": [
+                        {"id": "rival", "sha256": hash_key(RIVAL_KEY), "scopes": sorted(SCOPES)}
                     ],
                 },
                 "reader": {

@@ -33,6 +33,7 @@ from api.models import NotificationAccepted, NotificationCreate, to_request_reco
 from api.otp import charge_otp_limits, check_otp_recipients, count_otp
 from api.problems import ProblemError, dumps, problem_responses
 from api.routes import PathId
+from api.segments import check_segment
 from api.state import (
     AppState,
     authenticate,
@@ -102,7 +103,7 @@ async def _claim(st: AppState, rate_key: str, limit: int, nid: str, pending: str
     "/v1/notifications",
     status_code=202,
     response_model=NotificationAccepted,
-    responses=problem_responses(400, 401, 403, 409, 413, 422, 429, 503),
+    responses=problem_responses(400, 401, 403, 404, 409, 413, 422, 429, 503),
     summary="Accept a notification request (202 once durable in Kafka)",
 )
 async def create_notification(body: NotificationCreate, request: Request) -> Response:
@@ -126,6 +127,8 @@ async def accept(
     now = now_utc()
     nt = check_against_catalog(body, st.catalog)
     check_authority(st, tenant, nt.name, body.recipients.segment_id)
+    if body.recipients.segment_id is not None:  # another tenant's or a deleted segment: 404
+        await check_segment(st, tenant.tenant_id, body.recipients.segment_id)
     check_times(body, now, st.api.send_at_max_past_seconds, st.settings.schedule.horizon_days)
     otp = nt.otp
     phones: set[str] = set()

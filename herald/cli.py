@@ -25,6 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 from herald.cli_campaigns import register as register_campaigns
+from herald.cli_segments import app as segments_app
 from herald.config import ClickHouseSettings, HeraldSettings, RunSettings
 from herald.errors import HeraldError
 
@@ -398,6 +399,7 @@ def _stack_settings(run_dir: Path | None) -> HeraldSettings:
 
 
 register_campaigns(app)
+app.add_typer(segments_app, name="segments")  # herald segments upload|query|list|show|delete
 
 
 def main() -> None:

@@ -1,19 +1,21 @@
-"""The dispatch of one batch: guard → re-checks → breaker → shaping → send → decide → effects.
+"""The dispatch of one batch: control → guard → re-checks → breaker → shaping → send → decide →
+effects.
 
     Dispatcher.dispatch(batch) -> Outputs     batch = [(KafkaMessage | None, delivery dict)]
 
 Stages (herald.dispatching holds the pure rules, herald.retry the decisions):
 
 1. due: a delivery due later (`next_attempt_at`/`not_before` beyond the tolerance) goes back to
-   the retry topic unchanged, to be held by the retry job;
+   the retry topic unchanged, to be held by the retry job; then control: the notification
+   cancelled → SUPPRESSED `cancelled`, paused → parked until resumed (SCHEDULED `paused`,
+   herald.controls), both before the guard (nothing to release); one round trip per batch,
+   which also takes the worker's send lease on each running notification, given back after
+   the rounds;
 2. guard (`SendGuard.acquire_many`, one round trip): SENT → its PROVIDER_ACCEPTED event is
    emitted again (same id) and nothing is sent; CLAIMED/UNKNOWN → skipped; PENDING of another
    live worker → requeued for when that PENDING (or its worker's lease) expires (seed 000 §5.2
    "try again later"); PENDING of a dead worker (lease gone) → taken over and sent;
-3. re-checks just before sending: the notification cancelled → SUPPRESSED `cancelled`,
-   paused → parked until resumed (SCHEDULED `paused`, herald.controls; one round trip per batch,
-   which also takes the worker's send lease on each running notification, given back after
-   the rounds); expired → EXPIRED, opted out since planning → SUPPRESSED
+3. re-checks just before sending: expired → EXPIRED, opted out since planning → SUPPRESSED
    (the API's Redis copy of the preferences, one round trip), guard released; inside the
    user's quiet hours (a backlog drained late, a retry, a DLQ replay, a window set since
    planning; `herald.policy.quiet_end`) → held again: a SCHEDULED `quiet_hours` event and the
@@ -131,9 +133,9 @@ class Dispatcher:
         """Dispatch a batch (see the module docstring); never raises for provider trouble."""
         out = Outputs()
         items = self._due(batch, out)
-        items = self._guarded(items, out)
         try:
             items = self._controlled(items, out)
+            items = self._guarded(items, out)
             items = self._rechecked(items, out)
             self._stage("guarded", items)
             pending = items
@@ -252,8 +254,6 @@ class Dispatcher:
                 self.metrics.suppressed("cancelled")
             else:
                 out.parked.append(it.delivery)
-            it.guard_op = "release"
-            self._release(it)
         return kept
 
     def _rechecked(self, items: list[Item], out: Outputs) -> list[Item]:

@@ -51,7 +51,7 @@ def test_cancelled_deliveries_end_suppressed_and_are_not_sent(
         for d in batch:
             assert states(out, d["delivery_id"]) == [("SUPPRESSED", "cancelled")]
             assert accepted_for(apns, d["address"]) == 0
-            # the guard was released: a later attempt may proceed
+            # no guard was taken: a later attempt (a replay) may proceed
             assert isinstance(
                 h.guard.acquire_many([(d["delivery_id"], "transactional")])[0], Proceed
             )

@@ -207,6 +207,11 @@ def test_a_query_only_reads(api: RunningApi, ch: Client) -> None:
             assert resp.json()["code"] == "invalid_query" and resp.json()["detail"], query
             assert "for url" not in resp.text  # ClickHouse's message, not the client's address
             assert members(ch, sid) == {}
+        bad_id = "SELECT arrayJoin(['u1', 'has space'])"
+        resp = http.post("/v1/segments", json={"segment_id": (sid := new_id()), "query": bad_id})
+        assert resp.status_code == 422 and resp.json()["code"] == "invalid_row"
+        assert resp.json()["row"] == 2 and "has space" not in resp.text
+        assert members(ch, sid) == {}
     assert ch.command("EXISTS TABLE segment_members") == ch.command("EXISTS TABLE segments") == 1
 
 

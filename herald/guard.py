@@ -7,7 +7,9 @@ value is one of
     PENDING:<owner>    a worker is calling the provider now (short TTL, transactional only)
     CLAIMED:<owner>    a bulk worker took it and will call the provider (long TTL)
     SENT:<msg_id>      the provider accepted it (long TTL)
-    UNKNOWN:<owner>    the call's outcome is unknown; reconciliation owns it (long TTL)
+    UNKNOWN:<owner>    the call's outcome is unknown; reconciliation owns it (long TTL): it
+                       resolves it to SENT (`resolve_sent`) or takes it back to send again
+                       (`reclaim`), both compare-and-set on the UNKNOWN value
 
 Transactional, two-phase (`acquire` → provider call → `mark_sent` | `release` | `mark_unknown`):
 
@@ -122,6 +124,7 @@ class AlreadySent:
     delivery_id: str
     state: Literal["sent", "claimed", "unknown"]
     provider_msg_id: str | None = None
+    held: str = ""  # the guard's value (an UNKNOWN is resolved by compare-and-set on it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -316,6 +319,26 @@ class SendGuard:
             )
         )
 
+    def resolve_sent(self, found: AlreadySent, sent_marker: str) -> bool:
+        """Reconciliation found the message at the provider: UNKNOWN → SENT (compare-and-set on
+        the UNKNOWN found; False when another worker resolved it first)."""
+        key = self._key(found.delivery_id)
+        value = f"SENT:{sent_marker}"
+        return bool(self._swap(keys=[key], args=[found.held, value, self._sent_ms]))
+
+    def reclaim(self, found: AlreadySent, traffic_class: GuardClass) -> Proceed | None:
+        """Reconciliation found the provider never got it: UNKNOWN → this worker's PENDING
+        (CLAIMED for single-phase classes), to send it again; None when another worker
+        resolved it first."""
+        two_phase = traffic_class in self._two_phase
+        token = f"{self.owner}.{uuid.uuid4().hex[:24]}" if self._lease_ms else uuid.uuid4().hex
+        value = f"PENDING:{token}" if two_phase else f"CLAIMED:{token}"
+        ttl = self._pending_ms if two_phase else self._sent_ms
+        key = self._key(found.delivery_id)
+        if self._swap(keys=[key], args=[found.held, value, ttl]):
+            return Proceed(found.delivery_id, token, two_phase)
+        return None
+
     def _key(self, delivery_id: str) -> str:
         return guard_key(delivery_id, self._prefix)
 
@@ -336,7 +359,7 @@ def _result(delivery_id: str, token: str, two_phase: bool, reply: list[object]) 
     if kind == "SENT":
         return AlreadySent(delivery_id, "sent", rest or None)
     if kind == "UNKNOWN":
-        return AlreadySent(delivery_id, "unknown")
+        return AlreadySent(delivery_id, "unknown", held=value)
     if kind == "CLAIMED":
         return AlreadySent(delivery_id, "claimed")
     # The key vanished between SET NX and GET (expired): report in flight, retry at once.

@@ -11,6 +11,10 @@ these classes; events and dead letters use `kind` and `as_dict()`.
             | PlatformError   credentials/config/account problem: pause the provider, alert
             | Unknown         request may have been sent but no answer: do not blindly retry
 
+`Lookup` is what a provider's own records say of a message whose outcome was Unknown
+(reconciliation, sinks/channels/reconcile.py): found (sent), not found (never got it), or
+cannot tell.
+
 Every outcome carries `provider`, `status_code` (None when no HTTP response was read) and
 `latency_ms` (wall time of the call, including an internal auth refresh retry).
 
@@ -34,6 +38,7 @@ __all__ = [
     "Retryable",
     "TokenDead",
     "Unknown",
+    "Lookup",
     "is_retryable",
 ]
 
@@ -124,3 +129,12 @@ Outcome = Accepted | Retryable | RateLimited | Permanent | TokenDead | PlatformE
 def is_retryable(outcome: Outcome) -> bool:
     """Whether the retry policy may schedule another attempt (Retryable or RateLimited)."""
     return isinstance(outcome, Retryable | RateLimited)
+
+
+@dataclass(frozen=True, slots=True)
+class Lookup:
+    """A provider's answer about one delivery: `found` True (it has the message, id
+    `provider_msg_id`), False (it never got it) or None (cannot tell: no lookup, an error)."""
+
+    found: bool | None
+    provider_msg_id: str = ""

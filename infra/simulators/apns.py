@@ -283,6 +283,9 @@ class ApnsSimulator(Simulator):
         if reason is None and device in faults.unregistered:
             reason = "Unregistered"
         await faults.delay()
+        if faults.lose():  # lost before the provider took it: no record, no answer
+            self.stats.lost += 1
+            return HANG
         if reason is None:
             retry_after = faults.throttle()
             if retry_after is not None:

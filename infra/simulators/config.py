@@ -9,6 +9,9 @@ and patched at run time (`POST /_admin/config`). A patch replaces whole top-leve
     rate_limit            requests/s (token bucket, burst = rate_burst or one second's worth);
                           over it → the provider's 429 shape with Retry-After
     timeout_after_accept  probability that an accepted request is recorded and never answered
+    lose_before_accept    probability that a request is lost before the provider takes it:
+                          never recorded (no message, no receipt, not in its lookup API) and
+                          never answered (the client times out: an Unknown it must reconcile)
     invalid, unregistered addresses that always fail as invalid / dead
     receipts              status callbacks: delay, step gap, duplication, out-of-order, outcomes
 """
@@ -94,6 +97,7 @@ class SimConfig(_Model):
     rate_burst: float | None = Field(default=None, gt=0)
     retry_after_s: float = Field(default=1.0, ge=0, description="Retry-After for injected 429/503")
     timeout_after_accept: float = Field(default=0.0, ge=0, le=1)
+    lose_before_accept: float = Field(default=0.0, ge=0, le=1)
     invalid: list[str] = Field(default_factory=list)
     unregistered: list[str] = Field(default_factory=list)
     record_ids: bool = Field(
@@ -107,6 +111,8 @@ class SimConfig(_Model):
             raise ValueError("errors: each probability must be within [0, 1]")
         if sum(self.errors.values()) + self.timeout_after_accept > 1.0 + 1e-9:
             raise ValueError("errors + timeout_after_accept must sum to <= 1")
+        if self.lose_before_accept + self.timeout_after_accept > 1.0 + 1e-9:
+            raise ValueError("lose_before_accept + timeout_after_accept must sum to <= 1")
         return self
 
     def patched(self, patch: dict[str, Any]) -> SimConfig:

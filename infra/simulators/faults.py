@@ -85,6 +85,11 @@ class Faults:
         p = self.config.timeout_after_accept
         return p > 0 and self.rng.random() < p
 
+    def lose(self) -> bool:
+        """Whether this request is lost before the provider takes it (never answered)."""
+        p = self.config.lose_before_accept
+        return p > 0 and self.rng.random() < p
+
     def chance(self, p: float) -> bool:
         """True with probability `p`."""
         return p > 0 and self.rng.random() < p
@@ -112,6 +117,7 @@ class Stats:
         self.requests = 0
         self.accepted = 0
         self.hung = 0
+        self.lost = 0
         self.rate_limited = 0
         self.errors: Counter[str] = Counter()
         self.callbacks: Counter[str] = Counter()
@@ -141,6 +147,7 @@ class Stats:
             "requests": self.requests,
             "accepted": self.accepted,
             "hung": self.hung,
+            "lost": self.lost,
             "rate_limited": self.rate_limited,
             "errors": dict(self.errors),
             "callbacks": dict(self.callbacks),

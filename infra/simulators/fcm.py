@@ -253,6 +253,9 @@ class FcmSimulator(Simulator):
             return _rpc_error(None, 404, "NOT_FOUND", "Not found")
         faults, stats = self.faults, self.stats
         await faults.delay()
+        if faults.lose():  # lost before the provider took it: no record, no answer
+            self.stats.lost += 1
+            return HANG
         denied = self._auth(req, match.group(1))
         if denied is not None:
             return denied

@@ -11,6 +11,9 @@
 - The last accepted message per address (its `headers`, e.g. RFC 8058's `List-Unsubscribe`,
   and `content`) shows under "messages" in `GET /_admin/stats` while ids are recorded.
 - `GET /v3/user/webhooks/event/settings/signed` → `{"enabled": true, "public_key": ...}`.
+- Email Activity: `GET /v3/messages?query=unique_args['delivery_id']="<id>"&limit=N` →
+  `{"messages": [{"msg_id", "to_email", "subject", "status", "last_event_time", ...}]}` for the
+  messages accepted with that custom arg (the last 100,000 kept); other queries → 400.
 Error kinds: "400", "401", "403", "413", "429", "500", "503".
 """
 
@@ -46,6 +49,8 @@ ERROR_TEXT: dict[str, str] = {
 _EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
 _MAX_BYTES = 30 * 1024 * 1024
 _SIGNED = "/v3/user/webhooks/event/settings/signed"
+_ACTIVITY_QUERY = re.compile(r"unique_args\['delivery_id'\]\s*=\s*\"([^\"]+)\"")
+ACTIVITY_KEPT = 100_000  # deliveries whose messages Email Activity answers for
 
 
 class SendGridConfig(SimConfig):
@@ -80,6 +85,7 @@ class SendGridSimulator(Simulator):
         self._pending: list[tuple[float, dict[str, Any]]] = []
         self._flusher: asyncio.Task[None] | None = None
         self._event_ids: dict[tuple[str, str], str] = {}
+        self._activity: dict[str, list[dict[str, Any]]] = {}  # delivery_id -> messages
         self.on_config(self.config)
 
     def on_config(self, config: SimConfig) -> None:
@@ -148,6 +154,10 @@ class SendGridSimulator(Simulator):
             if not self._authorized(req):
                 return _errors(401, ERROR_TEXT["401"])
             return json_response(200, {"enabled": True, "public_key": self.public_key_b64})
+        if req.path == "/v3/messages" and req.method == "GET":
+            if not self._authorized(req):
+                return _errors(401, ERROR_TEXT["401"])
+            return self._messages(req.query_params())
         if req.path != "/v3/mail/send" or req.method != "POST":
             return _errors(404, "not found")
         faults, stats = self.faults, self.stats
@@ -155,6 +165,9 @@ class SendGridSimulator(Simulator):
         if not self._authorized(req):
             stats.error("401")
             return _errors(401, ERROR_TEXT["401"])
+        if faults.lose():  # lost before the provider took it: no record, no answer
+            stats.lost += 1
+            return HANG
         checked = self._validate(req.body)
         if isinstance(checked, Response):
             stats.error(str(checked.status))
@@ -182,6 +195,7 @@ class SendGridSimulator(Simulator):
             args = {**(mail.get("custom_args") or {}), **(person.get("custom_args") or {})}
             for to in person.get("to") or []:
                 stats.accept(to["email"], msg_id, args.get("delivery_id"), self.config.record_ids)
+                self._remember(msg_id, to["email"], args.get("delivery_id"), mail)
                 if self.config.record_ids:
                     headers = {**(mail.get("headers") or {}), **(person.get("headers") or {})}
                     content = mail.get("content") or []
@@ -190,6 +204,28 @@ class SendGridSimulator(Simulator):
         if faults.hang():
             return HANG
         return Response(202, b"", [("x-message-id", msg_id)])
+
+    # -- email activity -------------------------------------------------------------------
+
+    def _remember(self, msg_id: str, email: str, delivery_id: Any, mail: dict[str, Any]) -> None:
+        if not isinstance(delivery_id, str):
+            return
+        if len(self._activity) >= ACTIVITY_KEPT:
+            self._activity.pop(next(iter(self._activity)))
+        self._activity.setdefault(delivery_id, []).append({
+            "msg_id": msg_id, "from_email": (mail.get("from") or {}).get("email"),
+            "subject": mail.get("subject"), "to_email": email, "status": "processed",
+            "opens_count": 0, "clicks_count": 0,
+            "last_event_time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        })  # fmt: skip
+
+    def _messages(self, query: dict[str, str]) -> Response:
+        found = _ACTIVITY_QUERY.fullmatch(query.get("query", "").strip())
+        if found is None:
+            return _errors(400, "invalid query: only unique_args['delivery_id']=\"...\"", "query")
+        limit = int(query.get("limit", "10")) if query.get("limit", "10").isdigit() else 10
+        messages = self._activity.get(found.group(1), [])[:limit]
+        return json_response(200, {"messages": messages})
 
     # -- event webhook --------------------------------------------------------------------
 

@@ -144,6 +144,9 @@ class TwilioSimulator(Simulator):
             return _error("20003")
         if req.method == "GET":
             return self._lookup(match.group(2), req.query_params())
+        if faults.lose():  # lost before the provider took it: no record, no answer
+            stats.lost += 1
+            return HANG
         form = req.form()
         code = self._validate(form)
         if code is None:

@@ -133,6 +133,9 @@ class VonageSimulator(Simulator):
             return json_response(404, {"error": "not found"})
         faults, stats = self.faults, self.stats
         await faults.delay()
+        if faults.lose():  # lost before the provider took it: no record, no answer
+            self.stats.lost += 1
+            return HANG
         p = self._params(req)
         to = p.get("to", "").lstrip("+")
         status = self._validate(p)

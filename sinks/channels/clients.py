@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-from herald.outcomes import Outcome, PlatformError
+from herald.outcomes import Lookup, Outcome, PlatformError
 from sinks.channels.inbox import InboxClient
 from sinks.channels.loop import LoopThread
 
@@ -106,6 +106,17 @@ class Providers:
     def client(self, name: str) -> Sender:
         """The built client of `name` (call `ensure` first)."""
         return self._clients[name]
+
+    def lookup_all(self, asks: Sequence[tuple[str, Mapping[str, Any]]]) -> list[Lookup]:
+        """(provider, delivery) pairs looked up at their providers, concurrently (the clients'
+        `lookup`, sinks/channels/reconcile.py); built clients only."""
+
+        async def _all() -> list[Lookup]:
+            return list(await asyncio.gather(
+                *(self._clients[p].lookup(d) for p, d in asks)  # type: ignore[attr-defined]
+            ))  # fmt: skip
+
+        return self.loop.run(_all(), timeout=60.0)
 
     def close(self) -> None:
         """Close every client, then the loop."""

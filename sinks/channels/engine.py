@@ -12,7 +12,9 @@ Stages (herald.dispatching holds the pure rules, herald.retry the decisions):
    which also takes the worker's send lease on each running notification, given back after
    the rounds;
 2. guard (`SendGuard.acquire_many`, one round trip): SENT → its PROVIDER_ACCEPTED event is
-   emitted again (same id) and nothing is sent; CLAIMED/UNKNOWN → skipped; PENDING of another
+   emitted again (same id) and nothing is sent; CLAIMED → skipped; UNKNOWN (an Unknown outcome
+   come back for reconciliation) → its provider is asked (sinks/channels/reconcile.py): sent,
+   sent again, or asked later; PENDING of another
    live worker → requeued for when that PENDING (or its worker's lease) expires (seed 000 §5.2
    "try again later"); PENDING of a dead worker (lease gone) → taken over and sent;
 3. re-checks just before sending: expired → EXPIRED, opted out since planning → SUPPRESSED
@@ -81,6 +83,7 @@ from herald.retry import (
 from herald.states import State
 from sinks.channels.contacts import ContactStore
 from sinks.channels.fallback import FallbackRouter, ends, unusable
+from sinks.channels.reconcile import Reconciler
 from sinks.channels.sending import ShapedSender
 from sinks.channels.settings import DispatchSettings
 from sinks.channels.work import DeadLetterOut, Item, Outputs
@@ -124,6 +127,8 @@ class Dispatcher:
         self.metrics = metrics or JobMetrics("dispatch")
         self.hook = hook
         self.fallbacks = FallbackRouter(catalog, contacts)
+        self.reconciler = Reconciler(settings, sender.providers, guard, clock, self.metrics,
+                                     pii_key)  # fmt: skip
         self._policies: dict[tuple[str, str], tuple[RetryPolicy, bool]] = {}
         self._rng = random.Random()
         self._releases: list[Proceed] = []  # released together at the end of the batch
@@ -201,6 +206,7 @@ class Dispatcher:
         results = self.guard.acquire_many(keys)
         now = self.clock()
         kept: list[Item] = []
+        unknown: list[tuple[Item, AlreadySent]] = []
         for it, result in zip(items, results, strict=True):
             if isinstance(result, Proceed):
                 it.guard = result
@@ -211,8 +217,12 @@ class Dispatcher:
                 at = next_in(result.retry_after_s + self._rng.uniform(0.0, 1.0), now)
                 out.retries.append(requeued(it.delivery, at))
                 self.metrics.error("in_flight")
+            elif result.state == "unknown":
+                unknown.append((it, result))
             else:
                 self._already(it, result, now, out)
+        if unknown:  # an Unknown outcome met again: ask its provider (reconcile.py)
+            kept.extend(self.reconciler.reconcile(unknown, out))
         return kept
 
     def _already(self, it: Item, result: AlreadySent, now: datetime, out: Outputs) -> None:
@@ -384,6 +394,10 @@ class Dispatcher:
             self._failover(it, fx.failover_to, counted=outcome is not None)
             return True
         it.guard_op = fx.guard
+        if fx.guard == "unknown" and fx.retry is None:
+            follow_up = self.reconciler.follow_up(it, now)  # ask the provider later
+            if follow_up is not None:
+                out.retries.append(follow_up)
         if fx.guard == "sent" and outcome is not None and isinstance(outcome, Accepted):
             it.sent_marker = sent_marker(it.provider, it.attempt, outcome.provider_msg_id)
         return False

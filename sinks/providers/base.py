@@ -28,7 +28,7 @@ import httpx
 
 from herald.config import LinksSettings
 from herald.links import push_opened_url
-from herald.outcomes import CONNECT_ERROR, Outcome, PlatformError, Retryable, Unknown
+from herald.outcomes import CONNECT_ERROR, Lookup, Outcome, PlatformError, Retryable, Unknown
 from sinks.providers.config import HttpConfig
 from sinks.providers.h1transport import H1Transport
 from sinks.providers.h2transport import H2Response, H2Transport
@@ -202,6 +202,26 @@ class ProviderClient(ABC):
                 )
         self._log(outcome, delivery)
         return outcome
+
+    # Whether `lookup` can tell: the provider has an API that finds one of our messages.
+    lookups: ClassVar[bool] = False
+
+    async def lookup(self, delivery: Delivery) -> Lookup:
+        """What the provider's records say of `delivery` after an Unknown outcome
+        (reconciliation, sinks/channels/reconcile.py); never raises: trouble is `found=None`."""
+        if not self.lookups:
+            return Lookup(None)
+        try:
+            async with self._sem:
+                return await self._lookup(delivery)
+        except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+            log.warning("provider.lookup_failed provider=%s error=%s", self.provider,
+                        type(exc).__name__)  # fmt: skip
+            return Lookup(None)
+
+    async def _lookup(self, delivery: Delivery) -> Lookup:
+        """The provider's own lookup (clients with `lookups = True` implement it)."""
+        return Lookup(None)
 
     @abstractmethod
     async def _send(self, delivery: Delivery, start: float) -> Outcome:

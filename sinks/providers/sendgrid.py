@@ -1,8 +1,10 @@
 """SendGrid v3 Mail Send client (email): JSON, Bearer API key.
 
 One personalization per delivery; the delivery id travels as `custom_args.delivery_id` and comes
-back on every Event Webhook event. SendGrid has no idempotency key: a resend after an unknown
-outcome may duplicate.
+back on every Event Webhook event. SendGrid has no idempotency key, so an unknown outcome is
+reconciled first: `lookup` asks the Email Activity API for messages with that custom arg
+(`GET /v3/messages?query=unique_args['delivery_id']="..."`; SendGrid's feed lags by up to
+minutes, so the reconciliation waits before asking).
 
 Outcome map (PROVIDERS.md §6):
     202                 Accepted(X-Message-Id)
@@ -34,7 +36,15 @@ import orjson
 
 from herald.config import LinksSettings
 from herald.links import click_url, open_pixel_url, safe_url, unsubscribe_url
-from herald.outcomes import Accepted, Outcome, Permanent, PlatformError, RateLimited, Retryable
+from herald.outcomes import (
+    Accepted,
+    Lookup,
+    Outcome,
+    Permanent,
+    PlatformError,
+    RateLimited,
+    Retryable,
+)
 from sinks.providers.base import Delivery, ProviderClient, parse_retry_after
 from sinks.providers.config import SendGridConfig
 
@@ -100,6 +110,17 @@ class SendGridClient(ProviderClient):
                 part["value"] += f'<p><a href="{html.escape(url)}">Unsubscribe</a></p>'
             else:
                 part["value"] += f"\n\nUnsubscribe: {url}"
+
+    lookups = True
+
+    async def _lookup(self, delivery: Delivery) -> Lookup:
+        query = f"unique_args['delivery_id']=\"{delivery.get('delivery_id')}\""
+        resp = await self.http.get(
+            "/v3/messages", params={"query": query, "limit": 1}, headers=self._headers
+        )
+        resp.raise_for_status()
+        messages = orjson.loads(resp.content).get("messages") or []
+        return Lookup(True, str(messages[0].get("msg_id") or "")) if messages else Lookup(False)
 
     async def _send(self, delivery: Delivery, start: float) -> Outcome:
         if not delivery.get("address"):

@@ -1,8 +1,9 @@
 """Twilio Programmable Messaging client (SMS provider A): form POST, Basic auth.
 
 Twilio has no idempotency key on message creation; `I-Twilio-Idempotency-Token` is sent with the
-delivery id anyway (honoured or ignored, harmless). An unknown outcome must be reconciled
-(`find_messages(to)`) before any resend.
+delivery id anyway (honoured or ignored, harmless). An unknown outcome is reconciled before any
+resend: `lookup` lists the recent messages to the number and looks for the same body (an OTP's
+code makes it unique; two identical bodies to one number would read as sent).
 
 Outcome map (PROVIDERS.md §6):
     201                                   Accepted(sid)
@@ -23,6 +24,7 @@ import orjson
 
 from herald.outcomes import (
     Accepted,
+    Lookup,
     Outcome,
     Permanent,
     PlatformError,
@@ -97,6 +99,15 @@ class TwilioClient(ProviderClient):
         if status >= 500 or code in _RETRYABLE:
             return Retryable(reason, retry_after, **kw)
         return Permanent(reason, **kw)
+
+    lookups = True
+
+    async def _lookup(self, delivery: Delivery) -> Lookup:
+        form = self._form(delivery)
+        for message in await self.find_messages(form["To"]):
+            if message.get("body") == form["Body"]:
+                return Lookup(True, str(message.get("sid") or ""))
+        return Lookup(False)
 
     async def find_messages(self, to: str) -> list[dict[str, Any]]:
         """Recent messages to `to` (reconcile an Unknown outcome before resending)."""

@@ -147,7 +147,26 @@ def test_unknown_outcome_keeps_redeliveries_away(client: redis.Redis, prefix: st
     held = guard.acquire("d6", "transactional")
     assert isinstance(held, Proceed) and guard.mark_unknown(held)
     time.sleep(PENDING_TTL + 0.05)
-    assert guard.acquire("d6", "transactional") == AlreadySent("d6", "unknown")
+    again = guard.acquire("d6", "transactional")
+    assert isinstance(again, AlreadySent) and again.state == "unknown"
+    assert again.held == f"UNKNOWN:{held.token}"
+
+
+def test_reconciliation_resolves_an_unknown_once(client: redis.Redis, prefix: str) -> None:
+    """UNKNOWN → SENT (found at the provider) or → a PENDING of ours (never got it), each a
+    compare-and-set on the UNKNOWN value: the second of two reconcilers gets nothing."""
+    guard = make_guard(client, prefix)
+    for did in ("d7", "d8"):
+        held = guard.acquire(did, "transactional")
+        assert isinstance(held, Proceed) and guard.mark_unknown(held)
+    found = guard.acquire("d7", "transactional")
+    lost = guard.acquire("d8", "transactional")
+    assert isinstance(found, AlreadySent) and isinstance(lost, AlreadySent)
+    assert guard.resolve_sent(found, "sms_a|1|SM1") and not guard.resolve_sent(found, "x")
+    assert guard.acquire("d7", "transactional") == AlreadySent("d7", "sent", "sms_a|1|SM1")
+    mine = guard.reclaim(lost, "transactional")
+    assert isinstance(mine, Proceed) and guard.reclaim(lost, "transactional") is None
+    assert isinstance(guard.acquire("d8", "transactional"), InFlight)  # ours, sending again
 
 
 def test_bulk_single_guard_is_at_most_once(client: redis.Redis, prefix: str) -> None:

@@ -1,0 +1,127 @@
+"""Reconciliation of Unknown outcomes (sinks/channels/reconcile.py) against real Twilio- and
+SendGrid-style simulators and real Redis: a provider that took the message and never answered
+is found (SENT, no second message); one that lost the request before taking it is sent again
+once, under the same delivery_id; bulk is never resent; a provider without a lookup stays
+UNKNOWN."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+
+from herald.guard import AlreadySent
+from infra.simulators.launcher import RunningSimulator, start_simulator
+from tests.conftest import RunningStack
+from tests.sinks.dispatch_helpers import (
+    accepted_for,
+    delivery,
+    dispatch_settings,
+    factories,
+    harness,
+    now,
+    states,
+)
+
+pytestmark = pytest.mark.integration
+
+FAST = {"timeout_s": 0.5}  # the provider call's timeout: an Unknown within half a second
+
+
+@pytest.fixture(scope="module")
+def sims(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, RunningSimulator]]:
+    tmp = tmp_path_factory.mktemp("sims")
+    started = {name: start_simulator(name, tmp / name) for name in ("sms_a", "email", "apns")}
+    yield started
+    for sim in started.values():
+        sim.stop()
+
+
+@pytest.fixture
+def fresh(sims: dict[str, RunningSimulator]) -> dict[str, RunningSimulator]:
+    for sim in sims.values():
+        sim.reset(config=True)
+    return sims
+
+
+@pytest.fixture
+def url(stack: RunningStack) -> str:
+    return stack.settings.redis.url
+
+
+def _unknown_then_follow_up(h, sim: RunningSimulator, d: dict, **fault: float) -> dict:  # type: ignore[no-untyped-def]
+    """Dispatch `d` against `sim` with `fault` on: UNKNOWN, and its follow-up record (due
+    `reconcile_after_s` later on the retry topic); the fault is off again afterwards."""
+    sim.configure(**fault)
+    out = h.run([d])
+    sim.configure(timeout_after_accept=0.0, lose_before_accept=0.0)
+    assert [s for s, _ in states(out, d["delivery_id"])] == ["SENDING", "UNKNOWN"]
+    [follow_up] = out.retries
+    assert follow_up["delivery_id"] == d["delivery_id"] and follow_up["attempt"] == 1
+    assert follow_up["next_attempt_at"] >= now() + timedelta(seconds=h.cfg.reconcile_after_s - 1)
+    return {**follow_up, "next_attempt_at": None}  # the retry job released it: due now
+
+
+def test_a_message_the_provider_took_is_marked_sent_not_sent_again(
+    fresh: dict[str, RunningSimulator], url: str
+) -> None:
+    otp = delivery("sms", address="+15005550121")
+    with harness(url, factories(fresh, url, sms_a=FAST)) as h:
+        again = _unknown_then_follow_up(h, fresh["sms_a"], otp, timeout_after_accept=1.0)
+        out = h.run([again])
+        assert states(out, otp["delivery_id"]) == [("PROVIDER_ACCEPTED", "reconciled")]
+        [accepted] = out.events
+        assert accepted["provider_msg_id"].startswith("SM") and accepted["attempt"] == 1
+        repeat = h.run([again])  # delivered twice: SENT now, the same event again, no send
+        assert "SENDING" not in [s for s, _ in states(repeat)]
+    assert accepted_for(fresh["sms_a"], "+15005550121") == 1  # one message, the first
+
+
+def test_a_request_lost_before_the_provider_is_sent_again_exactly_once(
+    fresh: dict[str, RunningSimulator], url: str
+) -> None:
+    otp = delivery("sms", address="+15005550122")
+    with harness(url, factories(fresh, url, sms_a=FAST)) as h:
+        again = _unknown_then_follow_up(h, fresh["sms_a"], otp, lose_before_accept=1.0)
+        assert accepted_for(fresh["sms_a"], "+15005550122") == 0  # the provider never got it
+        out = h.run([again])
+        assert [s for s, _ in states(out, otp["delivery_id"])] == ["SENDING", "PROVIDER_ACCEPTED"]
+        assert {e["attempt"] for e in out.events} == {2}  # the next attempt, same delivery_id
+        repeat = h.run([again])  # the same follow-up delivered twice: SENT now, no send
+        assert "SENDING" not in [s for s, _ in states(repeat)]
+    assert accepted_for(fresh["sms_a"], "+15005550122") == 1
+
+
+def test_email_is_looked_up_in_the_activity_feed(
+    fresh: dict[str, RunningSimulator], url: str
+) -> None:
+    found = delivery("email", address="found@example.com")
+    lost = delivery("email", address="lost@example.com")
+    with harness(url, factories(fresh, url, email=FAST)) as h:
+        first = _unknown_then_follow_up(h, fresh["email"], found, timeout_after_accept=1.0)
+        second = _unknown_then_follow_up(h, fresh["email"], lost, lose_before_accept=1.0)
+        out = h.run([first, second])
+    assert states(out, found["delivery_id"]) == [("PROVIDER_ACCEPTED", "reconciled")]
+    assert [s for s, _ in states(out, lost["delivery_id"])] == ["SENDING", "PROVIDER_ACCEPTED"]
+    assert accepted_for(fresh["email"], "found@example.com") == 1
+    assert accepted_for(fresh["email"], "lost@example.com") == 1
+
+
+def test_bulk_is_never_sent_twice_and_no_lookup_stays_unknown(
+    fresh: dict[str, RunningSimulator], url: str
+) -> None:
+    promo = delivery("email", address="promo@example.com", traffic_class="bulk",
+                     notification_type="marketing_campaign", category="marketing")  # fmt: skip
+    push = delivery()  # APNs: no lookup API
+    cfg = dispatch_settings()
+    with harness(url, factories(fresh, url, email=FAST, apns={"timeout_s": 0.5}), cfg) as h:
+        again = _unknown_then_follow_up(h, fresh["email"], promo, lose_before_accept=1.0)
+        out = h.run([again])
+        assert states(out, promo["delivery_id"]) == [("FAILED_PERMANENT", "lost_before_provider")]
+        fresh["apns"].configure(timeout_after_accept=1.0)
+        unknown = h.run([push])
+        assert unknown.retries == []  # nothing to ask APNs: no follow-up
+        [held] = h.guard.acquire_many([(push["delivery_id"], "transactional")])
+        assert isinstance(held, AlreadySent) and held.state == "unknown"
+    assert accepted_for(fresh["email"], "promo@example.com") == 0

@@ -7,10 +7,14 @@ user's keys live in one slot and multi-key scripts on them work on a cluster.
                                         TTL idempotency_ttl (24 h); nid = ids.notification_id
     notif:{nid}                 hash    tenant_id, request_id, notification_type, traffic_class,
                                         accepted_at (ms), recipients ("users:<n>" | "segment:<id>"),
-                                        otp ("1"|"0"); TTL status_ttl (30 d)
+                                        otp ("1"|"0"); TTL status_ttl (30 d); the control
+                                        fields (control, lease:<seat>, users_planned,
+                                        users_total: herald/controls.py)
     status:{nid}                hash    delivery_id -> JSON {state, reason, channel, user_id,
-                                        provider, updated_at (RFC 3339)}; written by the plan,
-                                        dispatch, receipts jobs (`api.status.put_delivery_status`)
+                                        provider, updated_at (RFC 3339)}; written by the
+                                        receipts job's status sink (herald/status_keys.py)
+    counts:{nid}                hash    state -> deliveries in it now (same script)
+    parked:{nid}                list    deliveries held by a pause (herald/controls.py)
     rl:<tenant>:<epoch second>  int     per-tenant request counter, TTL 2 s
     otp:lim:{<kind>:<digest>}   int     OTP sends per phone|ip|device in the current window
     otp:lim:{<kind>:<digest>}:n:<nid>  string  notification nid counted there (plan job, once)

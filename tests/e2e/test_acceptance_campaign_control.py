@@ -1,5 +1,5 @@
-"""Issue 20, campaigns you can stop: a segment campaign paused, resumed and cancelled through
-the running stack, judged at the FCM simulator's own request log.
+"""Issue 20, campaigns you can stop: a campaign to a segment made through the API, paused,
+resumed and cancelled through the running stack, judged at the FCM simulator's own request log.
 
 - after the pause is answered, no message of the campaign reaches FCM until it is resumed;
   what reached dispatch meanwhile is parked (SCHEDULED `paused`) and sent after the resume;
@@ -14,7 +14,7 @@ import uuid
 from typing import Any
 
 from herald.stackclient import StackClient
-from tests.e2e._helpers import ensure_push_audience, insert_segment, produce_devices, sim_log
+from tests.e2e._helpers import ensure_push_audience, produce_devices, sim_log
 from tests.e2e._stack import E2EStack
 
 USERS = 6000  # ~7.5 s of sends at the e2e FCM budget (800/s)
@@ -66,7 +66,10 @@ def test_a_campaign_paused_resumed_and_cancelled(e2e: E2EStack) -> None:
     users = [f"ctl-{tag}-{i:05d}" for i in range(USERS)]
     probe = [f"ctl-probe-{tag}-{i:03d}" for i in range(PROBE_USERS)]
     produce_devices(client.settings(), users + probe)
-    insert_segment(client, f"seg-ctl-{tag}", users)
+    lines = "".join(f'"{u}"\n' for u in users)  # the segment through the API, as JSON lines
+    made = client.api.put(f"/v1/segments/seg-ctl-{tag}", content=lines,
+                          headers={"Content-Type": "application/x-ndjson"})  # fmt: skip
+    assert made.status_code == 201 and made.json()["size"] == USERS, made.text
     ensure_push_audience(client, probe, f"ctl-{tag}")
     tokens = {f"tok-{u}" for u in users}
     nid = client.send({

@@ -203,6 +203,16 @@ class CapConfig:
     daily_limit: int
 
 
+@dataclass(frozen=True, slots=True)
+class Escalation:
+    """If a message on `from_channel` is not read (READ, OPENED or CLICKED) within `after`,
+    send it on `to_channel` too (herald.policy plans the hold, dispatch checks the read)."""
+
+    from_channel: str
+    to_channel: str
+    after: timedelta
+
+
 def is_otp_type(name: str) -> bool:
     """One-time-code types are named `otp_*` (the API, plan and the status header agree)."""
     return name.startswith("otp_")
@@ -230,6 +240,7 @@ class NotificationType:
     cap: CapConfig | None
     providers: Mapping[str, str]
     allowed_channels: tuple[str, ...] = ()  # primaries, then channels reachable by fallback
+    escalation: Escalation | None = None
     # Default TTL of a request without `expire_at` (expiry_seconds; made once, read per user).
     expiry: timedelta = field(init=False, repr=False, compare=False)
 
@@ -490,6 +501,10 @@ def _parse_type(f: Fields, name: str, ctx: ParseContext) -> NotificationType:
     _check_bypass(f, category, flags)
     default_locale = f.locale("default_locale") if "default_locale" in f.raw else None
     fallback = _parse_fallback(f, channels)
+    escalation = _parse_escalation(f, channels) if "escalation" in f.raw else None
+    reachable = reachable_channels(channels, fallback)
+    if escalation is not None and escalation.to_channel not in reachable:
+        reachable = (*reachable, escalation.to_channel)
     nt = NotificationType(
         name=name,
         category=category,
@@ -503,7 +518,8 @@ def _parse_type(f: Fields, name: str, ctx: ParseContext) -> NotificationType:
         digest=parse_digest_config(f.sub("digest"), ctx) if "digest" in f.raw else None,
         cap=_cap_for(f, category, ctx),
         providers=_parse_providers(f),
-        allowed_channels=reachable_channels(channels, fallback),
+        allowed_channels=reachable,
+        escalation=escalation,
         **flags,
     )
     templates = parse_templates(f.sub("templates"), nt, ctx)
@@ -539,6 +555,17 @@ def _parse_fallback(f: Fields, channels: tuple[str, ...]) -> dict[str, tuple[str
         graph[channel] = tuple(steps)
     _check_acyclic(f, graph)
     return graph
+
+
+def _parse_escalation(f: Fields, channels: tuple[str, ...]) -> Escalation:
+    """`escalation = { from = "inapp", to = "push", after_seconds = 20 }`."""
+    e = f.sub("escalation")
+    source, target = e.choice("from", channels), e.choice("to", CHANNELS)
+    if target == source:
+        raise e.error("to", "escalates to the channel it starts from")
+    escalation = Escalation(source, target, timedelta(seconds=e.integer("after_seconds", 1)))
+    e.close()
+    return escalation
 
 
 def _check_acyclic(f: Fields, graph: Mapping[str, tuple[str, ...]]) -> None:

@@ -19,7 +19,10 @@ considered, checked in the seeds' order (the first failing check gives the reaso
    `Suppress("expired")` instead. The expiry of a scheduled send counts from its `send_at`
    (`PolicyRequest.expires`);
 5. frequency cap (non-transactional types with a bucket): `cap_count >= limit` → `frequency_cap`;
-6. expiry: `now >= expire_at` → `Suppress("expired")` (state EXPIRED).
+6. expiry: `now >= expire_at` → `Suppress("expired")` (state EXPIRED);
+7. escalation (a type with one, herald.catalog.Escalation): a message on its `from` channel
+   adds `Hold(to channel, until=its send time + after, reason="escalation")` when the user can
+   be reached there; dispatch drops it if the first was read by then.
 
 Holds are re-decided on release (preferences may change meanwhile). `Hold.planned` is the Send
 the hold would become. Channel choice: the caller's `channels` ∩ the type's channels (plus
@@ -379,7 +382,34 @@ def decide(
     for channel, addresses, via in _choose(nt, primaries, permitted, prefs, contacts, out):
         send = _send(catalog, nt, request, prefs, channel, addresses, via, permitted)
         out.append(_timing(nt, hold, send, now_utc, cap_count))
+    if nt.escalation is not None:
+        _escalate(catalog, nt, request, prefs, contacts, now_utc, out)
     return out
+
+
+def _escalate(
+    catalog: Catalog, nt: NotificationType, request: PolicyRequest, prefs: Preferences,
+    contacts: ContactPoints, now: datetime, out: list[Decision],
+) -> None:  # fmt: skip
+    """Step 7, escalation: a message sent (or held) on the escalation's `from` channel gets a
+    hold on its `to` channel until `after` past its send time (reason `escalation`); dispatch
+    drops it when the first one was read by then (herald.catalog.Escalation). Nothing when
+    the user cannot be reached on `to`, or the hold would end past the expiry."""
+    rule = nt.escalation
+    assert rule is not None
+    first = next((d for d in out if d.channel == rule.from_channel
+                  and isinstance(d, Send | Hold)), None)  # fmt: skip
+    if first is None:
+        return
+    addresses = _usable(nt, rule.to_channel, prefs, contacts)  # opt-outs, availability
+    if isinstance(addresses, str):
+        return
+    start = first.until if isinstance(first, Hold) else now
+    send = _send(catalog, nt, request, prefs, rule.to_channel, addresses, None, frozenset())
+    until = start + rule.after
+    if send.expire_at is not None and until >= send.expire_at:
+        return
+    out.append(Hold(rule.to_channel, until, "escalation", replace(send, not_before=until)))
 
 
 def _channels(

@@ -46,6 +46,7 @@ from schemas.registry import make_registry
 from sinks.channels.clients import Factory, Providers, default_factories
 from sinks.channels.contacts import ContactStore
 from sinks.channels.engine import Dispatcher, Hook
+from sinks.channels.escalation import EscalationCheck
 from sinks.channels.fallback import watch_key, watch_ttl
 from sinks.channels.loop import LoopThread
 from sinks.channels.records import RecordEncoder, deliveries_topic
@@ -130,7 +131,7 @@ class DispatchPartition(StatelessSinkPartition[Decoded]):
         self.dispatcher = Dispatcher(
             cfg, catalog, guard, self.breaker, sender, self.contacts, clock=utc_now,
             metrics=JobMetrics("dispatch"), hook=sink.hook, pii_key=settings.pii.key_bytes(),
-            controls=self.controls,
+            controls=self.controls, escalations=EscalationCheck(self.redis, catalog),
         )  # fmt: skip
         self.encoder = RecordEncoder(settings, make_registry(settings.registry))
         self.producer = sink.events.build_writer(f"dispatch-{name}", "part-0")

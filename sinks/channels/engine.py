@@ -10,7 +10,8 @@ Stages (herald.dispatching holds the pure rules, herald.retry the decisions):
    cancelled → SUPPRESSED `cancelled`, paused → parked until resumed (SCHEDULED `paused`,
    herald.controls), both before the guard (nothing to release); one round trip per batch,
    which also takes the worker's send lease on each running notification, given back after
-   the rounds;
+   the rounds; an escalation whose first message was read by now → SUPPRESSED
+   `read_before_escalation` (sinks/channels/escalation.py);
 2. guard (`SendGuard.acquire_many`, one round trip): SENT → its PROVIDER_ACCEPTED event is
    emitted again (same id) and nothing is sent; CLAIMED → skipped; UNKNOWN (an Unknown outcome
    come back for reconciliation) → its provider is asked (sinks/channels/reconcile.py): sent,
@@ -82,6 +83,7 @@ from herald.retry import (
 )
 from herald.states import State
 from sinks.channels.contacts import ContactStore
+from sinks.channels.escalation import READ_FIRST, EscalationCheck
 from sinks.channels.fallback import FallbackRouter, ends, unusable
 from sinks.channels.reconcile import Reconciler
 from sinks.channels.sending import ShapedSender
@@ -114,9 +116,11 @@ class Dispatcher:
         hook: Hook | None = None,
         pii_key: bytes,
         controls: DispatchControls | None = None,
+        escalations: EscalationCheck | None = None,
     ) -> None:
         self.settings = settings
         self.controls = controls  # cancel / pause checks and send leases (None: not checked)
+        self.escalations = escalations  # escalations whose first message was read are dropped
         self.pii_key = pii_key  # the address tags of accepted SMS and email (herald.receipts)
         self.catalog = catalog
         self.guard = guard
@@ -140,6 +144,7 @@ class Dispatcher:
         items = self._due(batch, out)
         try:
             items = self._controlled(items, out)
+            items = self._escalated(items, out)
             items = self._guarded(items, out)
             items = self._rechecked(items, out)
             self._stage("guarded", items)
@@ -265,6 +270,22 @@ class Dispatcher:
             else:
                 out.parked.append(it.delivery)
         return kept
+
+    def _escalated(self, items: list[Item], out: Outputs) -> list[Item]:
+        """Escalations whose first message was read by now end SUPPRESSED (escalation.py)."""
+        if self.escalations is None or not items:
+            return items
+        read = self.escalations.read_first(items)
+        if not read:
+            return items
+        now = self.clock()
+        for it in items:
+            if it.delivery_id in read:
+                made = it.attempt - 1
+                out.events.append(event(it.delivery, State.SUPPRESSED, attempt=made, now=now,
+                                        provider=it.provider, reason=READ_FIRST))  # fmt: skip
+                self.metrics.suppressed(READ_FIRST)
+        return [it for it in items if it.delivery_id not in read]
 
     def _rechecked(self, items: list[Item], out: Outputs) -> list[Item]:
         if not items:

@@ -416,3 +416,28 @@ def test_policy_keys_are_shared_by_users_planned_alike_and_survive_pickling() ->
     assert len({phone.policy_key, verified.policy_key, invalid.policy_key}) == 3
     copy_contacts = pickle.loads(pickle.dumps(phone))
     assert copy_contacts == phone and copy_contacts.policy_key is phone.policy_key
+
+
+# --- escalation (herald.catalog.Escalation) -----------------------------------------------------
+
+
+def test_an_inbox_notice_escalates_to_push_after_its_window(catalog: Catalog) -> None:
+    """account_notice: in the inbox now, and a push held until 20 s later (reason escalation)
+    on every valid device; dispatch drops it if the inbox item was read by then."""
+    got = by_channel(decide(catalog, req("account_notice"), prefs(), EVERYTHING, NOON_NY))
+    assert isinstance(got["inapp"], Send)
+    push = got["push"]
+    assert isinstance(push, Hold) and push.reason == "escalation"
+    assert push.until == NOON_NY + timedelta(seconds=20)
+    assert {a.value for a in push.planned.addresses} == {"tok-ios", "tok-and"}
+
+
+def test_no_escalation_without_a_way_to_reach_the_user_or_once_expired(catalog: Catalog) -> None:
+    no_device = ContactPoints("u1", (), None, False, None, False)
+    assert [d.channel for d in decide(catalog, req("account_notice"), prefs(), no_device,
+                                      NOON_NY)] == ["inapp"]  # fmt: skip
+    opted_out = prefs(channel_opt_out=frozenset({"push"}))
+    assert "push" not in by_channel(decide(catalog, req("account_notice"), opted_out,
+                                           EVERYTHING, NOON_NY))  # fmt: skip
+    soon = req("account_notice", expire_at=NOON_NY + timedelta(seconds=10))
+    assert "push" not in by_channel(decide(catalog, soon, prefs(), EVERYTHING, NOON_NY))

@@ -28,6 +28,7 @@ from infra.simulators.launcher import RunningSimulator
 from sinks.channels.clients import Factory, Providers
 from sinks.channels.contacts import ContactStore
 from sinks.channels.engine import Dispatcher, Hook
+from sinks.channels.escalation import EscalationCheck
 from sinks.channels.inbox import InboxClient
 from sinks.channels.loop import LoopThread
 from sinks.channels.sending import ShapedSender
@@ -153,7 +154,8 @@ class Harness:
         self.dispatcher = Dispatcher(cfg, CATALOG, self.guard, self.breaker, sender,
                                      self.contacts, clock=now, hook=hook,
                                      pii_key=PiiSettings().key_bytes(),
-                                     controls=self.controls)  # fmt: skip
+                                     controls=self.controls,
+                                     escalations=EscalationCheck(self.redis, CATALOG))  # fmt: skip
 
     def run(self, deliveries: list[dict[str, Any]]) -> Outputs:
         return self.dispatcher.dispatch([(None, d) for d in deliveries])

@@ -6,7 +6,7 @@
 const NS = "http://www.w3.org/2000/svg";
 const COLORS = {
   accepted: "#7f8fa6", planned: "#5b7bd5", suppressed: "#b38bd9", provider_accepted: "#3867d6",
-  delivered: "#20a36b", opened: "#2bb3a3", clicked: "#158f86", failed: "#d64545",
+  delivered: "#20a36b", opened: "#2bb3a3", read: "#23a08f", clicked: "#158f86", failed: "#d64545",
   unknown: "#9aa3b5", expired: "#e0a020",
   transactional: "#d64545", normal: "#3867d6", bulk: "#9aa3b5",
   applied: "#20a36b", duplicate: "#9aa3b5", stale: "#c4cad6", premature: "#e0a020",

@@ -10,7 +10,15 @@ import uuid
 
 import httpx
 
-from tests.e2e._helpers import REACHED, UserPool, accepted_count, email_of, events, otp_body
+from tests.e2e._helpers import (
+    REACHED,
+    UserPool,
+    accepted_count,
+    email_of,
+    events,
+    otp_body,
+    sim_log,
+)
 from tests.e2e._stack import E2EStack
 
 
@@ -82,3 +90,44 @@ def test_an_sms_reported_undelivered_falls_back_to_push_once(e2e: E2EStack, pool
         sms.reset(config=True)
     assert failed["user_id"] == pushed["user_id"] == user
     assert accepted_count(client, "apns", token) == 1  # (once: tests/dataflows/test_receipts.py)
+
+
+def test_an_unread_notice_escalates_to_push_and_a_read_one_does_not(
+    e2e: E2EStack, pool: UserPool
+) -> None:
+    """account_notice (inbox, escalating to push after 20 s): the user who read the inbox item
+    in time gets no push (SUPPRESSED read_before_escalation), the other gets it, 20 s on."""
+    client = e2e.client
+    reader, busy = pool.take(2)
+    tokens = {user: uuid.uuid4().hex * 2 for user in (reader, busy)}
+    for user, token in tokens.items():
+        client.put_device(user, "apns", token)
+    sent_at = time.time()
+    nid = client.send({
+        "request_id": f"notice-{uuid.uuid4().hex[:8]}", "notification_type": "account_notice",
+        "recipients": {"user_ids": [reader, busy]},
+        "params": {"title": "New sign-in", "body": "A new device signed in to your account"},
+    })  # fmt: skip
+    deadline = time.monotonic() + 30
+    while not (items := client.inbox(reader)["items"]):
+        assert time.monotonic() < deadline, "the notice never reached the reader's inbox"
+        time.sleep(0.2)
+    read = client.api.post(f"/v1/users/{reader}/inbox/{items[0]['item_id']}/read")
+    assert read.status_code == 200, read.text
+
+    def push_of(user: str) -> dict | None:  # type: ignore[type-arg]
+        entries = client.status(nid)["deliveries"]
+        return next((d for d in entries if d["user_id"] == user and d["channel"] == "push"),
+                    None)  # fmt: skip
+
+    deadline = time.monotonic() + 120
+    while (push_of(busy) or {}).get("state") not in REACHED or push_of(reader) is None \
+            or push_of(reader)["state"] == "SCHEDULED":  # fmt: skip
+        assert time.monotonic() < deadline, client.status(nid)["deliveries"]
+        time.sleep(0.5)
+    dropped = push_of(reader)
+    assert (dropped["state"], dropped["status_reason"]) == ("SUPPRESSED", "read_before_escalation")
+    apns = [(t, a) for t, a, o in sim_log(client, "apns") if o == "accepted"]
+    assert [a for _t, a in apns if a == tokens[reader]] == []
+    [(pushed_at, _)] = [(t, a) for t, a in apns if a == tokens[busy]]
+    assert pushed_at >= sent_at + 20  # not before the window ended

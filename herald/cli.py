@@ -362,7 +362,7 @@ def demo(
         bool, typer.Option("--keep", help="Leave a stack the demo started running.")
     ] = False,
 ) -> None:
-    """A guided tour on the embedded stack: six scenes and a summary (exit 0 if all passed).
+    """A guided tour on the embedded stack: seven scenes and a summary (exit 0 if all passed).
 
     Uses the stack running in the run directory (`make run`), or starts one and stops it after.
     """

@@ -2,8 +2,9 @@
 
     herald demo [--run-dir DIR] [--campaign-size N] [--likes N] [--keep]
 
-runner.py orchestrates, scenes.py holds the six scenes, loader.py the bulk inputs that come from
-other systems (campaign audience, like storm), logic.py the pure parts, ui.py the output.
+runner.py orchestrates; scenes.py, campaign.py and engagement.py hold the seven scenes; loader.py
+the bulk inputs that come from other systems (campaign audience, like storm), logic.py the pure
+parts, ui.py the output.
 """
 
 from herald.demo.runner import DEFAULT_CAMPAIGN_SIZE, run_demo

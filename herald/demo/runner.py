@@ -3,12 +3,13 @@
     herald demo [--run-dir DIR] [--campaign-size N] [--likes N] [--keep]
 
 Uses the stack running in the run directory (`make run` / `herald up`), or starts one detached
-and stops it at the end (unless --keep). Six scenes, each printing what it does and what it saw,
-then a summary table; the exit code is 0 only if every scene passed.
+and stops it at the end (unless --keep). Seven scenes, each printing what it does and what it
+saw, then a summary table; the exit code is 0 only if every scene passed.
 
-    1 like storm → one notification      4 APNs 410 → token removed, other device served
-    2 OTP fast during a campaign         5 unsubscribe honoured mid-campaign
-    3 SMS provider A failing → B         6 marketing held by quiet hours until morning
+    1 like storm → one notification      5 unsubscribe honoured mid-campaign
+    2 OTP fast during a campaign         6 marketing held by quiet hours until morning
+    3 SMS provider A failing → B         7 opens, clicks, reads; an unread notice escalates
+    4 APNs 410 → token removed, other device served
 
 Scene 6 needs no clock tricks: its user's quiet window ends a minute or two from now in the
 user's time zone. Its message is sent first and checked last, so the wait overlaps the others.
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import httpx
 
-from herald.demo import campaign, context, scenes
+from herald.demo import campaign, context, engagement, scenes
 from herald.demo.loader import campaign_user, load_audience
 from herald.demo.logic import QuietPlan, SceneResult, like_storm, quiet_window_ending_soon
 from herald.demo.ui import Ui
@@ -139,6 +140,7 @@ def _scenes(
         lambda: scenes.quiet_hours_end(
             ctx, promo, quiet, QUIET_TZ, planning.schedule_jitter_seconds
         ),
+        lambda: engagement.engagement(ctx),
     ]
     titles = [
         "like storm",
@@ -147,6 +149,7 @@ def _scenes(
         "dead APNs token",
         "unsubscribe mid-campaign",
         "quiet hours",
+        "opens, clicks, reads and escalation",
     ]
     results = []
     for number, (run, title) in enumerate(zip(runs, titles, strict=True), start=1):
@@ -183,6 +186,7 @@ def _setup_users(ctx: context.Ctx) -> QuietPlan:
     stack.put_device(ctx.user("phones"), "apns", dead)
     ctx.facts["live_device"] = stack.put_device(ctx.user("phones"), "apns", live)
     ctx.facts["dead_token"], ctx.facts["live_token"] = dead, live
+    engagement.setup_engagement(ctx)
     sleeper = ctx.user("sleeper")
     stack.put_device(sleeper, "apns", context.apns_token())
     quiet = quiet_window_ending_soon(datetime.now(UTC), QUIET_TZ)

@@ -1,4 +1,5 @@
-"""Scenes 1, 3, 4 and 6 of `herald demo` (2 and 5 share a campaign, see campaign.py).
+"""Scenes 1, 3, 4 and 6 of `herald demo` (2 and 5 share a campaign, see campaign.py; 7 is
+engagement.py).
 
 Each drives the running stack the way its users would.
 

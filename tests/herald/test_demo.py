@@ -113,7 +113,7 @@ def test_demo_without_a_stack_says_how_to_start_one(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(1800)
 def test_demo_on_a_full_stack_passes_every_scene(tmp_path: Path) -> None:
-    """`herald demo` starts a detached stack, runs the six scenes, stops the stack."""
+    """`herald demo` starts a detached stack, runs the seven scenes, stops the stack."""
     try:
         out = herald("demo", "--campaign-size", "3000", run_dir=tmp_path, timeout=1500)
     finally:
@@ -121,8 +121,8 @@ def test_demo_on_a_full_stack_passes_every_scene(tmp_path: Path) -> None:
             herald("down", run_dir=tmp_path, timeout=300)
     text = out.stdout + out.stderr
     assert out.returncode == 0, text
-    assert "6 of 6 scenes passed" in text, text
-    for scene in range(1, 7):
+    assert "7 of 7 scenes passed" in text, text
+    for scene in range(1, 8):
         assert re.search(rf"│ {scene} │[^│]*│ passed", text), text
     assert "1,197 others liked your post" in text
     assert re.search(r"OTP [\d,]+ ms accept→provider \(target < 2 s: (met|MISSED)", text), text

@@ -15,9 +15,10 @@ batch:
                                  is sent again under the same delivery_id, as the next attempt;
                                  bulk (at most once): FAILED_PERMANENT `lost_before_provider`
     past its expiry              EXPIRED
-    cannot tell (lookup failed)  asked again `2 x reconcile_after_s` later, until
-                                 `reconcile_window_s` after its first attempt; then it stays
-                                 UNKNOWN (an operator's call)
+    cannot tell (a failed        asked again `2 x reconcile_after_s` later, until
+    lookup, or "not found"       `reconcile_window_s` after its first attempt; then it stays
+    younger than the provider's  UNKNOWN (an operator's call)
+    record lag, `lookup_lag_s`)
 
 Providers without a lookup (APNs, FCM, Vonage) keep UNKNOWN, as before. Why no job of its own:
 the retry job already holds deliveries until a due time and dispatch already owns the clients
@@ -101,7 +102,7 @@ class Reconciler:
         for (it, held), answer in zip(asking, answers, strict=True):
             if answer.found is True:
                 self._sent(it, held, answer.provider_msg_id, now, out)
-            elif answer.found is False:
+            elif answer.found is False and self._settled(it, now):
                 if self._resend(it, held, now, out):
                     again.append(it)
             else:
@@ -121,6 +122,12 @@ class Reconciler:
         out.events.extend(fx.events)
         self.metrics.error("reconciled_sent")
         log.info("dispatch.reconciled delivery_id=%s found=sent", it.delivery_id)
+
+    def _settled(self, it: Item, now: datetime) -> bool:
+        """Whether the provider's "not found" is old enough to believe (its records' lag)."""
+        lag = float(getattr(self.providers.client(it.provider), "lookup_lag_s", 0.0))
+        first = instant(it.delivery.get("first_attempt_at")) or now
+        return (now - first).total_seconds() >= lag
 
     def _resend(self, it: Item, held: AlreadySent, now: datetime, out: Outputs) -> bool:
         if it.traffic_class not in RESENT_CLASSES:  # bulk: at most once

@@ -203,8 +203,10 @@ class ProviderClient(ABC):
         self._log(outcome, delivery)
         return outcome
 
-    # Whether `lookup` can tell: the provider has an API that finds one of our messages.
+    # Whether `lookup` can tell: the provider has an API that finds one of our messages; and
+    # how long after a send its answer "not found" is to be believed (its records' lag).
     lookups: ClassVar[bool] = False
+    lookup_lag_s: float = 0.0
 
     async def lookup(self, delivery: Delivery) -> Lookup:
         """What the provider's records say of `delivery` after an Unknown outcome

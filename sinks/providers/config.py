@@ -137,3 +137,6 @@ class SendGridConfig(HttpConfig):
     from_email: str = "notifications@example.com"
     from_name: str | None = None
     webhook_public_key: str | None = Field(default=None, description="verifies Event Webhook posts")
+    # How long after a send Email Activity may still not show it: a lookup before that saying
+    # "not found" is not believed (reconciliation asks again instead of sending twice).
+    activity_lag_s: float = Field(default=120.0, ge=0)

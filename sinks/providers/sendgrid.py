@@ -4,7 +4,8 @@ One personalization per delivery; the delivery id travels as `custom_args.delive
 back on every Event Webhook event. SendGrid has no idempotency key, so an unknown outcome is
 reconciled first: `lookup` asks the Email Activity API for messages with that custom arg
 (`GET /v3/messages?query=unique_args['delivery_id']="..."`; SendGrid's feed lags by up to
-minutes, so the reconciliation waits before asking).
+minutes: a "not found" younger than `activity_lag_s` is not believed, the reconciliation asks
+again later).
 
 Outcome map (PROVIDERS.md §6):
     202                 Accepted(X-Message-Id)
@@ -59,6 +60,7 @@ class SendGridClient(ProviderClient):
     def __init__(self, config: SendGridConfig, links: LinksSettings | None = None) -> None:
         super().__init__(config)
         self.sendgrid = config
+        self.lookup_lag_s = config.activity_lag_s
         self._links = links if links is not None and links.base_url else None
         self._headers = {
             "authorization": f"Bearer {config.api_key.get_secret_value()}",

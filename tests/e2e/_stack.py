@@ -41,6 +41,7 @@ E2E_ENV = {
         }
     ),
     "HERALD_DISPATCH_BREAKER": json.dumps({"min_volume": 100_000}),
+    "HERALD_DISPATCH_RECONCILE_AFTER_S": "3",
 }
 
 

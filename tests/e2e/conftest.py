@@ -11,7 +11,7 @@ observable within seconds instead of minutes; none changes what is being checked
 
 - schedule jitter 2 s (default 120 s): a held delivery is released within seconds of send_at;
 - provider call timeout 3 s (default 10 s): an accepted-then-silent provider call becomes
-  UNKNOWN quickly;
+  UNKNOWN quickly, and its provider is asked about it 3 s later (default 15 s);
 - transactional backoff base 0.5 s, cap 4 s, 4 attempts: a retry wave and a dead letter within
   seconds (full jitter and Retry-After as a floor are unchanged);
 - the FCM budget 800/s: the bulk flood is shaped to a rate the test can check at the simulator;

@@ -131,3 +131,36 @@ def test_an_unread_notice_escalates_to_push_and_a_read_one_does_not(
     assert [a for _t, a in apns if a == tokens[reader]] == []
     [(pushed_at, _)] = [(t, a) for t, a in apns if a == tokens[busy]]
     assert pushed_at >= sent_at + 20  # not before the window ended
+
+
+def test_unknown_otps_are_reconciled_at_the_sms_provider(e2e: E2EStack, pool: UserPool) -> None:
+    """Two OTPs whose calls time out (UNKNOWN): the provider had taken the first (it answers no
+    more) and lost the second before taking it. Asked 3 s later, the first is found — SENT,
+    one message — and the second is sent again under the same delivery, once."""
+    client = e2e.client
+    sms = client.sim("sms_a")
+    outcomes = {}
+    for fault in ("timeout_after_accept", "lose_before_accept"):
+        (user,) = pool.take(1)
+        phone = client.contact_points(user)["phone"]["e164"]
+        sms.configure({fault: 1.0})
+        try:
+            nid = client.send(otp_body(f"recon-{uuid.uuid4().hex[:8]}", user))
+            unknown = client.wait_for(nid, "sms", {"UNKNOWN"}, timeout=60)
+        finally:
+            sms.configure({fault: 0.0})
+        reached = client.wait_for(nid, "sms", REACHED, timeout=60)
+        assert reached["delivery_id"] == unknown["delivery_id"]
+        outcomes[fault] = (nid, phone)
+    for fault, (_nid, phone) in outcomes.items():
+        assert accepted_count(client, "sms_a", phone) == 1, fault  # never a second message
+    deadline = time.monotonic() + 60  # ClickHouse: how each was settled
+    found = lost = None
+    while (found is None or lost is None) and time.monotonic() < deadline:
+        found = next((e for e in events(client, outcomes["timeout_after_accept"][0])
+                      if e["state"] == "PROVIDER_ACCEPTED"), None)  # fmt: skip
+        lost = next((e for e in events(client, outcomes["lose_before_accept"][0])
+                     if e["state"] == "PROVIDER_ACCEPTED"), None)  # fmt: skip
+        time.sleep(1.0)
+    assert found is not None and found["reason"] == "reconciled"
+    assert lost is not None and lost["attempt"] == 2  # sent again, as the next attempt

@@ -27,6 +27,7 @@ from tests.sinks.dispatch_helpers import (
 pytestmark = pytest.mark.integration
 
 FAST = {"timeout_s": 0.5}  # the provider call's timeout: an Unknown within half a second
+MAIL = {**FAST, "activity_lag_s": 0.0}  # the simulator's activity feed has no lag
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +99,7 @@ def test_email_is_looked_up_in_the_activity_feed(
 ) -> None:
     found = delivery("email", address="found@example.com")
     lost = delivery("email", address="lost@example.com")
-    with harness(url, factories(fresh, url, email=FAST)) as h:
+    with harness(url, factories(fresh, url, email=MAIL)) as h:
         first = _unknown_then_follow_up(h, fresh["email"], found, timeout_after_accept=1.0)
         second = _unknown_then_follow_up(h, fresh["email"], lost, lose_before_accept=1.0)
         out = h.run([first, second])
@@ -115,7 +116,7 @@ def test_bulk_is_never_sent_twice_and_no_lookup_stays_unknown(
                      notification_type="marketing_campaign", category="marketing")  # fmt: skip
     push = delivery()  # APNs: no lookup API
     cfg = dispatch_settings()
-    with harness(url, factories(fresh, url, email=FAST, apns={"timeout_s": 0.5}), cfg) as h:
+    with harness(url, factories(fresh, url, email=MAIL, apns={"timeout_s": 0.5}), cfg) as h:
         again = _unknown_then_follow_up(h, fresh["email"], promo, lose_before_accept=1.0)
         out = h.run([again])
         assert states(out, promo["delivery_id"]) == [("FAILED_PERMANENT", "lost_before_provider")]
@@ -125,3 +126,18 @@ def test_bulk_is_never_sent_twice_and_no_lookup_stays_unknown(
         [held] = h.guard.acquire_many([(push["delivery_id"], "transactional")])
         assert isinstance(held, AlreadySent) and held.state == "unknown"
     assert accepted_for(fresh["email"], "promo@example.com") == 0
+
+
+def test_a_not_found_younger_than_the_providers_record_lag_is_asked_again(
+    fresh: dict[str, RunningSimulator], url: str
+) -> None:
+    """SendGrid's activity feed lags: "not found" a moment after the send is not believed."""
+    lost = delivery("email", address="late@example.com")
+    lagging = {**FAST, "activity_lag_s": 3600.0}
+    with harness(url, factories(fresh, url, email=lagging)) as h:
+        again = _unknown_then_follow_up(h, fresh["email"], lost, lose_before_accept=1.0)
+        out = h.run([again])
+    assert states(out) == []  # nothing sent, nothing decided
+    [later] = out.retries
+    assert later["delivery_id"] == lost["delivery_id"] and later["next_attempt_at"] > now()
+    assert accepted_for(fresh["email"], "late@example.com") == 0

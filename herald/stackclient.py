@@ -225,7 +225,8 @@ class StackClient:
 
     def control(self, notification_id: str, action: str) -> dict[str, Any]:
         """POST /v1/notifications/{id}/{cancel|pause|resume}: the answer (api/controls.py)."""
-        resp = self.api.post(f"/v1/notifications/{notification_id}/{action}", timeout=60)
+        # a resume or cancel puts parked deliveries back first: minutes for a large pause
+        resp = self.api.post(f"/v1/notifications/{notification_id}/{action}", timeout=900)
         return dict(_expect(resp, 200, f"{action} {notification_id}"))
 
     def wait_for(

@@ -20,40 +20,18 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from herald.errors import HeraldError
+from herald.cli_api import ApiKey, RunDir, calling
 
 __all__ = ["register"]
 
 console = Console(soft_wrap=True)  # one line per answer, also when piped
-err = Console(stderr=True)
 
 NotificationId = Annotated[str, typer.Argument(help="The notification_id the API answered.")]
-RunDir = Annotated[
-    Path | None,
-    typer.Option("--run-dir", help="Run directory of the stack (env HERALD_RUN_DIR)."),
-]
-ApiKey = Annotated[
-    str | None,
-    typer.Option("--api-key", envvar="HERALD_API_KEY", help="API key (default: the dev key)."),
-]
-
-
-def _client(run_dir: Path | None, api_key: str | None) -> Any:
-    from herald.config import RunSettings
-    from herald.stackclient import StackClient
-
-    path = (run_dir or RunSettings().run_dir).resolve()
-    extra = {"api_key": api_key} if api_key else {}
-    return StackClient.from_run_dir(path, **extra)
 
 
 def _control(nid: str, action: str, run_dir: Path | None, api_key: str | None) -> None:
-    try:
-        with _client(run_dir, api_key) as client:
-            answer = client.control(nid, action)
-    except HeraldError as exc:
-        err.print(f"[red]herald {action}: {exc}[/]")
-        raise typer.Exit(1) from exc
+    with calling(action, run_dir, api_key) as client:
+        answer = client.control(nid, action)
     note = "" if answer["settled"] else " (a dispatch worker was still sending when answered)"
     released = f", {answer['released']:,} parked deliveries released" if answer["released"] else ""
     console.print(f"{nid}: {answer['previous']} -> {answer['control']}{released}{note}")
@@ -83,16 +61,11 @@ def progress(
     ] = False,
 ) -> None:
     """How far a notification got: users planned, deliveries sent, not sent and remaining."""
-    try:
-        with _client(run_dir, api_key) as client:
-            if watch:
-                _watch(client, nid)
-            else:
-                p = client.status(nid, limit=1)["progress"]
-                console.print(_line(nid, p))
-    except HeraldError as exc:
-        err.print(f"[red]herald progress: {exc}[/]")
-        raise typer.Exit(1) from exc
+    with calling("progress", run_dir, api_key) as client:
+        if watch:
+            _watch(client, nid)
+        else:
+            console.print(_line(nid, client.status(nid, limit=1)["progress"]), markup=False)
 
 
 def _line(nid: str, p: dict[str, Any]) -> str:
@@ -122,7 +95,7 @@ def _watch(client: Any, nid: str) -> None:
             if p["control"] == "paused":
                 bars.update(done, description="deliveries done (paused: `herald resume`)")
             time.sleep(1)
-    console.print(_line(nid, p))
+    console.print(_line(nid, p), markup=False)
 
 
 def register(app: typer.Typer) -> None:

@@ -14,7 +14,6 @@ another.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import sys
 from collections.abc import Iterator
@@ -34,7 +33,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from herald.errors import HeraldError
+from herald.cli_api import ApiKey, RunDir, calling
 
 __all__ = ["app"]
 
@@ -47,35 +46,6 @@ err = Console(stderr=True)
 
 CHUNK = 1 << 20  # bytes read and sent at a time
 SegmentId = Annotated[str, typer.Argument(help="The segment_id (printable ASCII, no / or {}).")]
-RunDir = Annotated[
-    Path | None,
-    typer.Option("--run-dir", help="Run directory of the stack (env HERALD_RUN_DIR)."),
-]
-ApiKey = Annotated[
-    str | None,
-    typer.Option("--api-key", envvar="HERALD_API_KEY", help="API key (default: the dev key)."),
-]
-
-
-def _client(run_dir: Path | None, api_key: str | None) -> Any:
-    from herald.config import RunSettings
-    from herald.stackclient import StackClient
-
-    path = (run_dir or RunSettings().run_dir).resolve()
-    extra = {"api_key": api_key} if api_key else {}
-    return StackClient.from_run_dir(path, **extra)
-
-
-@contextlib.contextmanager
-def _calling(command: str, run_dir: Path | None, api_key: str | None) -> Iterator[Any]:
-    """The stack's client for one command; a stack that is not running or an unreachable API
-    ends the command with its message (exit 1)."""
-    try:
-        with _client(run_dir, api_key) as client:
-            yield client
-    except (HeraldError, httpx.HTTPError) as exc:
-        err.print(f"[red]herald segments {command}: {exc}[/]")
-        raise typer.Exit(1) from exc
 
 
 def _answer(resp: httpx.Response, status: int, what: str) -> dict[str, Any]:
@@ -123,7 +93,7 @@ def upload(
     columns = (TextColumn("uploading {task.description}"), BarColumn(), DownloadColumn(),
                TransferSpeedColumn(), TimeElapsedColumn())  # fmt: skip
     with (
-        _calling("upload", run_dir, api_key) as client,
+        calling("segments upload", run_dir, api_key) as client,
         source,
         Progress(*columns, console=err) as bars,
     ):
@@ -154,7 +124,7 @@ def query(
     """Create a segment from a read-only ClickHouse query (the key needs segments:query)."""
     body = {"segment_id": segment_id, "query": sql}
     running = console.status(f"running the query into {segment_id}…")
-    with _calling("query", run_dir, api_key) as client, running:
+    with calling("segments query", run_dir, api_key) as client, running:
         resp = client.api.post("/v1/segments", json=body, timeout=httpx.Timeout(30, read=None))
     console.print(_summary(_answer(resp, 201, f"query {segment_id}")))
 
@@ -167,7 +137,7 @@ def list_(
 ) -> None:
     """Every segment of the tenant, in segment_id order."""
     found: list[dict[str, Any]] = []
-    with _calling("list", run_dir, api_key) as client:
+    with calling("segments list", run_dir, api_key) as client:
         params: dict[str, Any] = {"limit": 1000}
         while True:
             page = _answer(client.api.get("/v1/segments", params=params), 200, "list")
@@ -190,7 +160,7 @@ def list_(
 @app.command()
 def show(segment_id: SegmentId, run_dir: RunDir = None, api_key: ApiKey = None) -> None:
     """A segment's size (distinct users), source and creation time."""
-    with _calling("show", run_dir, api_key) as client:
+    with calling("segments show", run_dir, api_key) as client:
         resp = client.api.get(f"/v1/segments/{segment_id}")
     console.print(_summary(_answer(resp, 200, f"show {segment_id}")))
 
@@ -205,7 +175,7 @@ def delete(
     """Delete a segment: campaigns to it are refused and its members are deleted."""
     if not yes:
         typer.confirm(f"delete segment {segment_id} and its members?", abort=True)
-    with _calling("delete", run_dir, api_key) as client:
+    with calling("segments delete", run_dir, api_key) as client:
         resp = client.api.delete(f"/v1/segments/{segment_id}")
     _answer(resp, 204, f"delete {segment_id}")
     console.print(f"{segment_id}: deleted")

@@ -1,4 +1,5 @@
-"""`herald segments ...` against the API served over real HTTP (tests/api/conftest.py)."""
+"""`herald segments ...` and `herald pause | resume | cancel | progress` against the API served
+over real HTTP (tests/api/conftest.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from herald import cli_segments
+from herald import cli_api
 from herald.cli import app
 from herald.stackclient import StackClient
 from tests.api.conftest import FULL_KEY, RunningApi, api  # noqa: F401 - the fixture, by name
@@ -18,7 +19,7 @@ from tests.api.conftest import FULL_KEY, RunningApi, api  # noqa: F401 - the fix
 @pytest.fixture
 def cli(api: RunningApi, monkeypatch: pytest.MonkeyPatch) -> CliRunner:  # noqa: F811
     """The commands talk to the test's API (instead of a stack's run directory)."""
-    monkeypatch.setattr(cli_segments, "_client", lambda *_: StackClient(api.url, api_key=FULL_KEY))
+    monkeypatch.setattr(cli_api, "stack_client", lambda *_: StackClient(api.url, api_key=FULL_KEY))
     return CliRunner()
 
 
@@ -41,3 +42,19 @@ def test_upload_list_show_query_delete(cli: CliRunner, tmp_path: Path) -> None:
     assert cli.invoke(app, ["segments", "delete", sid, "--yes"]).exit_code == 0
     gone = cli.invoke(app, ["segments", "show", sid])
     assert gone.exit_code == 1 and "segment_not_found" in gone.output
+
+
+def test_pause_resume_cancel_and_progress(cli: CliRunner, api: RunningApi) -> None:  # noqa: F811
+    with StackClient(api.url, api_key=FULL_KEY) as client:
+        nid = client.send({
+            "request_id": f"cli-{uuid.uuid4().hex[:10]}", "notification_type": "order_shipped",
+            "recipients": {"user_ids": ["u-1", "u-2"]}, "params": {"order_id": "42"},
+        })  # fmt: skip
+    paused = cli.invoke(app, ["pause", nid])
+    assert paused.exit_code == 0 and f"{nid}: running -> paused" in paused.output
+    shown = cli.invoke(app, ["progress", nid])
+    assert shown.exit_code == 0 and f"{nid} [paused]: deliveries 0" in shown.output
+    assert "paused -> running" in cli.invoke(app, ["resume", nid]).output
+    assert "running -> cancelled" in cli.invoke(app, ["cancel", nid]).output
+    refused = cli.invoke(app, ["pause", nid])
+    assert refused.exit_code == 1 and "notification_cancelled" in refused.output

@@ -5,7 +5,6 @@ is given back after the batch."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 
 import pytest
 import redis
@@ -13,24 +12,11 @@ import redis
 from herald.controls import DispatchControls, parked_entry, split_parked
 from herald.guard import Proceed
 from herald.status_keys import header_key, request_header
-from infra.simulators.launcher import RunningSimulator, start_simulator
+from infra.simulators.launcher import RunningSimulator
 from sinks.channels.work import Item
-from tests.conftest import RunningStack
 from tests.sinks.dispatch_helpers import accepted_for, delivery, factories, harness, states
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def apns(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningSimulator]:
-    sim = start_simulator("apns", tmp_path_factory.mktemp("sims") / "apns")
-    yield sim
-    sim.stop()
-
-
-@pytest.fixture
-def url(stack: RunningStack) -> str:
-    return stack.settings.redis.url
 
 
 def _notification(client: redis.Redis, nid: str, control: str | None) -> None:

@@ -4,29 +4,14 @@ to the one who did not."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from herald import ids
 from herald.status_keys import StatusUpdate, write_statuses
-from infra.simulators.launcher import RunningSimulator, start_simulator
-from tests.conftest import RunningStack
+from infra.simulators.launcher import RunningSimulator
 from tests.sinks.dispatch_helpers import accepted_for, delivery, factories, harness, now, states
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def apns(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningSimulator]:
-    sim = start_simulator("apns", tmp_path_factory.mktemp("sims") / "apns")
-    yield sim
-    sim.stop()
-
-
-@pytest.fixture
-def url(stack: RunningStack) -> str:
-    return stack.settings.redis.url
 
 
 def test_the_escalation_goes_only_to_the_user_who_did_not_read(

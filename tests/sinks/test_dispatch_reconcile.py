@@ -13,7 +13,6 @@ import pytest
 
 from herald.guard import AlreadySent
 from infra.simulators.launcher import RunningSimulator, start_simulator
-from tests.conftest import RunningStack
 from tests.sinks.dispatch_helpers import (
     accepted_for,
     delivery,
@@ -44,11 +43,6 @@ def fresh(sims: dict[str, RunningSimulator]) -> dict[str, RunningSimulator]:
     for sim in sims.values():
         sim.reset(config=True)
     return sims
-
-
-@pytest.fixture
-def url(stack: RunningStack) -> str:
-    return stack.settings.redis.url
 
 
 def _unknown_then_follow_up(h, sim: RunningSimulator, d: dict, **fault: float) -> dict:  # type: ignore[no-untyped-def]

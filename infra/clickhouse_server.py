@@ -471,8 +471,9 @@ class _Handler(BaseHTTPRequestHandler):
         headers = self._common_headers(query_id)
         headers["X-ClickHouse-Exception-Code"] = str(exc.code)
         headers["Content-Type"] = "text/plain; charset=UTF-8"
-        if exc.status == 400:
-            self.close_connection = True  # the body may not have been consumed in full
+        if exc.status == 400:  # the body may not have been consumed in full: close, and say so
+            headers["Connection"] = "close"  # (a client would reuse the closed connection)
+            self.close_connection = True
         self._reply(exc.status, exc.body(self.server.engine.version), headers)
 
     def _common_headers(self, query_id: str) -> dict[str, str]:

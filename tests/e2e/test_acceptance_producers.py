@@ -8,9 +8,13 @@ would), never with Herald's producer or serializers; Herald's client only checks
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -88,3 +92,32 @@ def test_a_confluent_producer_sends_a_notification_and_a_like_storm(
             time.sleep(1)
     assert len(items) == 1, items
     assert f"{LIKES - 3:,}" in items[0]["body"] or str(LIKES - 3) in items[0]["body"]
+
+
+NODE_EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "node"
+
+
+NO_NODE = shutil.which("node") is None or shutil.which("npm") is None
+
+
+@pytest.mark.skipif(NO_NODE, reason="node/npm not installed: the Node example needs Node 20")
+def test_a_node_service_produces_a_notification(e2e: E2EStack, pool: UserPool) -> None:
+    """examples/node/produce.mjs (kafkajs + @kafkajs/confluent-schema-registry, no Herald
+    code) produces an order_shipped request; it is delivered and visible like an API one."""
+    installed = subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=NODE_EXAMPLE,
+                               capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert installed.returncode == 0, installed.stdout + installed.stderr
+    [(user, _phone)] = pool.take(1).items()
+    status = json.loads(e2e.cli("status", "--json").stdout)
+    env = {**os.environ, "KAFKA": status["env"]["HERALD_KAFKA_BOOTSTRAP_SERVERS"],
+           "REGISTRY_URL": status["registry_url"], "TENANT": TENANT}  # fmt: skip
+    request_id = f"node-{uuid.uuid4().hex[:8]}"
+    produced = subprocess.run(["node", "produce.mjs", request_id, user, "node-1"],
+                              cwd=NODE_EXAMPLE, env=env, capture_output=True, text=True,
+                              timeout=120)  # fmt: skip
+    assert produced.returncode == 0, produced.stdout + produced.stderr
+    nid = produced.stdout.strip()
+    assert nid == ids.notification_id(TENANT, request_id)  # the same id as the API's
+    delivered = e2e.client.wait_for(nid, "email", REACHED, timeout=120)
+    assert delivered["user_id"] == user
+    assert e2e.client.status(nid)["notification_type"] == "order_shipped"

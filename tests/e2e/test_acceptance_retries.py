@@ -161,18 +161,22 @@ def test_expired_dead_letter_is_not_sent_by_replay(
     assert accepted_count(sms, "sms_b", users[short].lstrip("+")) == 0
 
 
-def test_unknown_outcome_is_recorded_not_resent(sms: StackClient, pool: UserPool) -> None:
-    """The provider accepts and never answers: UNKNOWN, one copy at the provider, no failover
-    to SMS B (otp_login does not accept duplicates)."""
+def test_unknown_outcome_is_recorded_reconciled_not_resent(
+    sms: StackClient, pool: UserPool
+) -> None:
+    """The provider accepts and never answers: UNKNOWN, no failover to SMS B (otp_login does
+    not accept duplicates); the reconciliation then finds the message at SMS A (its message
+    list): PROVIDER_ACCEPTED `reconciled`, still one copy."""
     tag = uuid.uuid4().hex[:8]
     [(user, phone)] = pool.take(1).items()
     sms.sim("sms_a").configure({"timeout_after_accept": 1.0, "receipts": {"enabled": False}})
     nid = sms.send(otp_body(f"unknown-{tag}", user))
     unknown = sms.wait_for(nid, "sms", {"UNKNOWN"}, timeout=60)
     assert unknown["provider"] == "sms_a"
-    time.sleep(8)  # longer than a retry or a failover would take
+    reconciled = sms.wait_for(nid, "sms", REACHED, timeout=60)  # asked 3 s later (E2E_ENV)
+    assert reconciled["delivery_id"] == unknown["delivery_id"]
+    assert reconciled["status_reason"] == "reconciled"
     assert accepted_count(sms, "sms_a", phone) == 1
     assert accepted_count(sms, "sms_b", phone.lstrip("+")) == 0
-    assert sms.status(nid)["deliveries"][0]["state"] == "UNKNOWN"
     states = [e["state"] for e in events(sms, nid) if e["delivery_id"] == unknown["delivery_id"]]
-    assert "UNKNOWN" in states and states.count("PROVIDER_ACCEPTED") == 0, states
+    assert "UNKNOWN" in states, states

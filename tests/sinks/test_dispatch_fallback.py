@@ -114,7 +114,8 @@ def test_unknown_outcome_never_falls_back(fresh: dict, url: str) -> None:
     with harness(url, factories(fresh, url, sms_a={"timeout_s": 0.5})) as h:
         out = h.run([d])
     assert states(out) == [("SENDING", None), ("UNKNOWN", "timeout")]
-    assert out.deliveries == [] and out.retries == []
+    assert out.deliveries == []  # no fallback; only sms_a is asked later (reconciliation)
+    assert [(r["delivery_id"], r["provider"]) for r in out.retries] == [(d["delivery_id"], "sms_a")]
     assert fresh["apns"].stats()["requests"] == 0
 
 

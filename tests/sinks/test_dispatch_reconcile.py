@@ -6,13 +6,12 @@ UNKNOWN."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
 
 from herald.guard import AlreadySent
-from infra.simulators.launcher import RunningSimulator, start_simulator
+from infra.simulators.launcher import RunningSimulator
 from tests.sinks.dispatch_helpers import (
     accepted_for,
     delivery,
@@ -29,20 +28,12 @@ FAST = {"timeout_s": 0.5}  # the provider call's timeout: an Unknown within half
 MAIL = {**FAST, "activity_lag_s": 0.0}  # the simulator's activity feed has no lag
 
 
-@pytest.fixture(scope="module")
-def sims(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, RunningSimulator]]:
-    tmp = tmp_path_factory.mktemp("sims")
-    started = {name: start_simulator(name, tmp / name) for name in ("sms_a", "email", "apns")}
-    yield started
-    for sim in started.values():
-        sim.stop()
-
-
 @pytest.fixture
-def fresh(sims: dict[str, RunningSimulator]) -> dict[str, RunningSimulator]:
-    for sim in sims.values():
-        sim.reset(config=True)
-    return sims
+def fresh(
+    sms_a: RunningSimulator, email: RunningSimulator, apns: RunningSimulator
+) -> dict[str, RunningSimulator]:
+    """The shared simulators (tests/simulator_fixtures.py), reset for this test."""
+    return {"sms_a": sms_a, "email": email, "apns": apns}
 
 
 def _unknown_then_follow_up(h, sim: RunningSimulator, d: dict, **fault: float) -> dict:  # type: ignore[no-untyped-def]

@@ -194,6 +194,9 @@ class DeviceRegistration(_Body):
     platform: Platform
     token: Annotated[str, StringConstraints(min_length=8, max_length=4096, pattern=r"^\S+$")]
     app_id: Annotated[str, StringConstraints(min_length=1, max_length=255)] | None = None
+    # The user's own device (the app registered it after the user signed in); only a key with
+    # contact_points:verify may say so. Types marked `secret` (OTP codes) push to these only.
+    verified: bool = False
 
 
 def e164(value: object) -> str:
@@ -346,6 +349,7 @@ def with_device(
         "app_id": reg.app_id,
         "registered_at": now,
         "valid": True,
+        "verified": reg.verified,
     }
     version = next_version(current["version"])
     return {**current, "devices": [*kept, device], "updated_at": now, "version": version}

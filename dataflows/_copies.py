@@ -118,7 +118,7 @@ class _PrefsShapes:
 
 class _ContactsShapes:
     """Contact points from a copy's bytes: validated once per distinct shape (each device's
-    platform, app and validity; which of phone and email are there and verified; what is
+    platform, app, validity and verification; which of phone and email are there and verified; what is
     disabled), then each user's made with their own ids and addresses."""
 
     MAX_SHAPES = 100_000
@@ -132,7 +132,8 @@ class _ContactsShapes:
         devices = rec.get("devices") or ()
         number, address = phone.get("e164"), email.get("address")
         shape = (
-            tuple([(d["platform"], d.get("app_id"), d.get("valid", True)) for d in devices]),
+            tuple([(d["platform"], d.get("app_id"), d.get("valid", True),
+                    d.get("verified", False)) for d in devices]),
             bool(number), phone.get("verified", False), bool(address),
             email.get("verified", False), tuple(rec.get("disabled") or ()),
         )  # fmt: skip
@@ -146,7 +147,7 @@ class _ContactsShapes:
         return made.with_addresses(
             rec["user_id"], int(rec.get("version", 0)),
             tuple([device(d["device_id"], d["platform"], d["token"], d.get("app_id"),
-                          d.get("valid", True)) for d in devices]),
+                          d.get("valid", True), d.get("verified", False)) for d in devices]),
             number, address,
         )  # fmt: skip
 

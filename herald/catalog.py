@@ -76,6 +76,7 @@ _FLAGS = (
     "bypass_quiet_hours",
     "bypass_opt_out",
     "allow_unverified_contact",
+    "secret",
 )
 
 
@@ -232,6 +233,7 @@ class NotificationType:
     bypass_quiet_hours: bool
     bypass_opt_out: bool
     allow_unverified_contact: bool
+    secret: bool  # carries a code or a link that acts for the user: push to verified devices only
     expiry_seconds: int
     default_locale: str | None
     template_version: int

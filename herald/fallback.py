@@ -13,8 +13,9 @@ delivery ends
 
 `fall_back(...)` walks the remaining steps naming *another* channel, in order, and re-checks the
 policy for each one against what the API's Redis copies say now: expiry, the user's opt-outs
-(`bypass_opt_out` types skip them), the channel's contact point (valid push tokens; a phone or
-email, verified unless the type allows unverified contacts), quiet hours in the user's zone (a
+(`bypass_opt_out` types skip them), the channel's contact point (valid push tokens, verified
+ones for a `secret` type such as an OTP; a phone or email, verified unless the type allows
+unverified contacts), quiet hours in the user's zone (a
 hold: the delivery goes to the retry topic with `not_before`; a hold ending after the expiry
 stops the fallback). The first usable channel gets its deliveries (one per valid device for
 push), with the deterministic delivery_id plan would give that user × channel (× device)
@@ -182,6 +183,10 @@ def _addresses(
         valid = [d for d in devices if d.get("valid", True) and d.get("token")]
         if not valid:
             return "no_valid_token"
+        if nt is not None and nt.secret:  # a code or a reset link: the user's own devices only
+            valid = [d for d in valid if d.get("verified")]
+            if not valid:
+                return "device_unverified"
         return [{"address": d["token"], "platform": d.get("platform"),
                  "provider": provider or d.get("platform"), "device_id": d["device_id"]}
                 for d in valid]  # fmt: skip

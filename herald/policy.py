@@ -9,7 +9,8 @@ considered, checked in the seeds' order (the first failing check gives the reaso
 3. per channel: not allowed for the type → `channel_not_allowed`; channel or category×channel
    opt-out → `channel_opt_out`; availability → `no_contact_point`, `address_disabled` (the
    phone or email was removed after a provider reported it dead), `no_valid_token`,
-   `phone_unverified`, `email_unverified` (unverified is fine for `allow_unverified_contact`).
+   `phone_unverified`, `email_unverified` (unverified is fine for `allow_unverified_contact`),
+   `device_unverified` (a `secret` type, such as an OTP, is pushed to verified devices only).
    An unavailable primary channel falls back along the type's fallback graph at plan time
    (within the caller's `channels`): the result is `Suppress(primary)` + `Send(alt)`;
 4. quiet hours in the user's zone at the instant the send is due (`send_at` when ahead, else
@@ -170,6 +171,7 @@ class Device:
     token: str
     app_id: str | None = None
     valid: bool = True
+    verified: bool = False  # registered by a key holding contact_points:verify (catalog `secret`)
     # The device as a push address (the platform names the provider), made once per device
     # rather than once per planned notification.
     address: Address = field(init=False, repr=False, compare=False)
@@ -180,7 +182,13 @@ class Device:
 
     @classmethod
     def made(
-        cls, device_id: str, platform: str, token: str, app_id: str | None, valid: bool
+        cls,
+        device_id: str,
+        platform: str,
+        token: str,
+        app_id: str | None,
+        valid: bool,
+        verified: bool = False,
     ) -> Device:
         """`Device(...)` of values already checked, without the dataclass machinery (~3x
         cheaper: the plan job makes one per device of every user it reads,
@@ -191,6 +199,7 @@ class Device:
         _set(made, "token", token)
         _set(made, "app_id", app_id)
         _set(made, "valid", valid)
+        _set(made, "verified", verified)
         _set(made, "address", Address(token, platform, device_id, platform, app_id))
         return made
 
@@ -212,7 +221,7 @@ class ContactPoints:
     policy_key: tuple[Any, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        devices = tuple([(d.valid, d.platform, d.app_id) for d in self.devices])
+        devices = tuple([(d.valid, d.platform, d.app_id, d.verified) for d in self.devices])
         key = (devices, bool(self.phone), self.phone_verified, bool(self.email),
                self.email_verified, self.disabled)  # fmt: skip
         object.__setattr__(self, "policy_key", interned(key))
@@ -253,7 +262,8 @@ class ContactPoints:
         """From a decoded record."""
         phone, email = rec.get("phone") or {}, rec.get("email") or {}
         devices = tuple(
-            Device(d["device_id"], d["platform"], d["token"], d.get("app_id"), d.get("valid", True))
+            Device(d["device_id"], d["platform"], d["token"], d.get("app_id"),
+                   d.get("valid", True), bool(d.get("verified", False)))
             for d in rec.get("devices") or ()
         )
         return cls(
@@ -478,8 +488,11 @@ def _usable(
     if channel == "push":
         if not contacts.devices:
             return "no_contact_point"
-        valid = tuple([d.address for d in contacts.devices if d.valid])
-        return valid if valid else "no_valid_token"
+        valid = tuple([d.address for d in contacts.devices
+                       if d.valid and (d.verified or not nt.secret)])  # fmt: skip
+        if valid:
+            return valid
+        return "device_unverified" if any(d.valid for d in contacts.devices) else "no_valid_token"
     if channel == "sms":
         return _verified(contacts.phone, contacts.phone_verified, nt, "phone_unverified",
                          "phone" in contacts.disabled)  # fmt: skip

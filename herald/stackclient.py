@@ -193,9 +193,20 @@ class StackClient:
         resp = self.api.get(f"/v1/users/{user_id}/preferences")
         return dict(_expect(resp, 200, f"preferences of {user_id}"))
 
-    def put_device(self, user_id: str, platform: str, token: str, app_id: str | None = None) -> str:
-        """POST /v1/devices (register or refresh a push token); returns the device_id."""
+    def put_device(
+        self,
+        user_id: str,
+        platform: str,
+        token: str,
+        app_id: str | None = None,
+        *,
+        verified: bool = False,
+    ) -> str:
+        """POST /v1/devices (register or refresh a push token); returns the device_id.
+        `verified` (the user's own device: OTP codes may go to it) needs contact_points:verify."""
         body: dict[str, Any] = {"user_id": user_id, "platform": platform, "token": token}
+        if verified:
+            body["verified"] = True
         if app_id is not None:
             body["app_id"] = app_id
         resp = self.api.post("/v1/devices", json=body)

@@ -11,7 +11,8 @@ data that marker is gone until the job has written every user again from the com
 changelog; a change meanwhile waits for it (up to `restore_wait_seconds`), then answers 503
 `user_state_restoring` with Retry-After: it never replaces a user's devices with the new one.
 
-    POST   /v1/devices                          register/refresh a push token → 201
+    POST   /v1/devices                          register/refresh a push token → 201; `verified`
+                                                only with scope contact_points:verify
     DELETE /v1/devices/{device_id}?user_id=…    remove it → 204 (404 when unknown)
     PUT    /v1/users/{user_id}/contact-points   set/clear phone (E.164) and email; `verified`
                                                 only with scope contact_points:verify
@@ -34,6 +35,7 @@ from pydantic import BaseModel
 from redis.exceptions import RedisError
 
 from api import keys
+from api.auth import Tenant
 from api.models import (
     ContactPointsUpdate,
     DeviceRegistration,
@@ -77,6 +79,7 @@ class DeviceView(BaseModel):
     app_id: str | None = None
     registered_at: datetime
     valid: bool
+    verified: bool = False
 
 
 class ContactPointsView(BaseModel):
@@ -111,6 +114,7 @@ def _view(record: dict[str, Any], pii: bool) -> ContactPointsView:
             app_id=d.get("app_id"),
             registered_at=from_ms(d["registered_at"]),
             valid=d["valid"],
+            verified=d.get("verified", False),
         )  # fmt: skip
         for d in record["devices"]
     ]
@@ -153,6 +157,16 @@ async def _modify(
         return new
 
 
+def _check_verify_scope(st: AppState, tenant: Tenant, claims_verified: bool) -> None:
+    """403 `insufficient_scope` when the body sets `verified` and the key lacks the scope."""
+    if claims_verified and VERIFY_SCOPE not in tenant.scopes:
+        st.metrics.rejected.labels("insufficient_scope").inc()
+        raise ProblemError(
+            403, "insufficient_scope", f"setting `verified` needs scope {VERIFY_SCOPE}",
+            scope=VERIFY_SCOPE,
+        )  # fmt: skip
+
+
 @router.post(
     "/v1/devices",
     status_code=201,
@@ -161,8 +175,12 @@ async def _modify(
     summary="Register (or refresh) a push token",
 )
 async def register_device(body: DeviceRegistration, request: Request) -> Response:
-    """Add the token to the user's contact points; the same token again refreshes it."""
-    st, _ = await guarded(request, "devices:write")
+    """Add the token to the user's contact points; the same token again refreshes it (and
+    sets its `verified` anew). Only a key with `contact_points:verify` may register a device
+    as verified: types marked `secret` in the catalog (OTP codes) are pushed to those only, so
+    a key that may register devices cannot point a user's codes at its own token."""
+    st, tenant = await guarded(request, "devices:write")
+    _check_verify_scope(st, tenant, body.verified)
     device_id = device_id_for(body.user_id, body.platform, body.token)
     record = await _modify(
         st, body.user_id, lambda cur, now: with_device(cur, body, device_id, now)
@@ -214,12 +232,7 @@ async def put_contact_points(
     claims_verified = (body.phone is not None and body.phone.verified) or (
         body.email is not None and body.email.verified
     )
-    if claims_verified and VERIFY_SCOPE not in tenant.scopes:
-        st.metrics.rejected.labels("insufficient_scope").inc()
-        raise ProblemError(
-            403, "insufficient_scope", f"setting `verified` needs scope {VERIFY_SCOPE}",
-            scope=VERIFY_SCOPE,
-        )  # fmt: skip
+    _check_verify_scope(st, tenant, claims_verified)
     if body.phone is not None and not st.api.sms_allowed(body.phone.e164):
         st.metrics.rejected.labels("sms_prefix_not_allowed").inc()
         raise sms_prefix_problem(["body", "phone", "e164"])

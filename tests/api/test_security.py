@@ -217,3 +217,25 @@ def test_verified_needs_its_scope_and_whole_addresses_need_pii_read(api: Running
     assert masked["email"]["address"] == "a***@example.com"
     assert whole["phone"] == {"e164": "+41791234567", "verified": True}
     assert whole["email"]["address"] == "alice@example.com"
+
+
+def test_only_the_verify_scope_registers_a_device_that_may_receive_codes(
+    api: RunningApi,
+) -> None:
+    """A key with devices:write alone registers push tokens as unverified: OTP codes (a
+    `secret` type) never go to them, so such a key cannot point a user's codes at its own
+    token. Marking a device verified takes contact_points:verify."""
+    user = f"u-{uuid.uuid4().hex}"
+    token = {"user_id": user, "platform": "apns", "token": "ab" * 32}
+    with api.client(key=DEVICES_KEY) as http:
+        refused = http.post("/v1/devices", json={**token, "verified": True})
+        planted = http.post("/v1/devices", json=token)
+    with api.client() as http:  # every scope
+        own = {**token, "token": "cd" * 32, "verified": True}
+        assert http.post("/v1/devices", json=own).status_code == 201
+        devices = http.get(f"/v1/users/{user}/contact-points").json()["devices"]
+    assert refused.status_code == 403 and refused.json()["scope"] == "contact_points:verify"
+    assert planted.status_code == 201, planted.text
+    assert [(d["token_hint"], d["verified"]) for d in devices] == [
+        ("ababab…", False), ("cdcdcd…", True),
+    ]

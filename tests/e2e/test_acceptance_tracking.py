@@ -75,11 +75,13 @@ def test_an_inbox_item_fetched_and_read_is_delivered_then_read(
 
 def test_an_sms_reported_undelivered_falls_back_to_push_once(e2e: E2EStack, pool: UserPool) -> None:
     """otp_login falls back sms -> push: the SMS provider accepts the OTP, then its DLR says
-    undelivered; the push follows, once, to the user's device."""
+    undelivered; the push follows, once, to the user's own (verified) device, never to a
+    token registered without contact_points:verify."""
     client = e2e.client
     (user,) = pool.take(1)
-    token = uuid.uuid4().hex * 2
-    client.put_device(user, "apns", token)
+    token, planted = uuid.uuid4().hex * 2, uuid.uuid4().hex * 2
+    client.put_device(user, "apns", token, verified=True)
+    client.put_device(user, "apns", planted)
     sms = client.sim("sms_a")
     sms.configure({"receipts": {"outcomes": {"undelivered:30003": 1.0}}})
     try:
@@ -90,6 +92,7 @@ def test_an_sms_reported_undelivered_falls_back_to_push_once(e2e: E2EStack, pool
         sms.reset(config=True)
     assert failed["user_id"] == pushed["user_id"] == user
     assert accepted_count(client, "apns", token) == 1  # (once: tests/dataflows/test_receipts.py)
+    assert accepted_count(client, "apns", planted) == 0  # the same fallback batch, not sent
 
 
 def test_an_unread_notice_escalates_to_push_and_a_read_one_does_not(

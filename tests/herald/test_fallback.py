@@ -40,9 +40,12 @@ def sms(**changes: Any) -> dict[str, Any]:
     return base
 
 
-def contacts(*tokens: str, valid: bool = True, **changes: Any) -> dict[str, Any]:
+def contacts(
+    *tokens: str, valid: bool = True, verified: bool = True, **changes: Any
+) -> dict[str, Any]:
     devices = [{"device_id": f"dev-{t}", "platform": "apns", "token": t, "app_id": None,
-                "registered_at": 0, "valid": valid} for t in tokens]  # fmt: skip
+                "registered_at": 0, "valid": valid, "verified": verified}
+               for t in tokens]  # fmt: skip
     return {"user_id": "u-1", "devices": devices, "phone": None, "email": None,
             "updated_at": 0, "version": 1, **changes}  # fmt: skip
 
@@ -76,6 +79,17 @@ def test_sms_falls_back_to_every_valid_push_device_with_stable_ids() -> None:
     assert ev["attributes"] == {"fallback_from": "sms", "fallback_cause": "21408",
                                 "from_delivery_id": "d-sms"}  # fmt: skip
     assert run(sms(), cp=contacts("t1", "t2")).events == fb.events  # replay: same ids
+
+
+def test_an_otp_falls_back_only_to_the_users_verified_devices() -> None:
+    """otp_login is `secret`: a token some key registered without contact_points:verify (which
+    could be the key holder's own) never receives the code."""
+    cp = contacts("mine")
+    cp["devices"].append({**contacts("planted", verified=False)["devices"][0]})
+    fb = run(sms(), cp=cp)
+    assert fb.to == "push" and [d["address"] for d in fb.deliveries] == ["mine"]
+    only_planted = run(sms(), cp=contacts("planted", verified=False))
+    assert only_planted.to is None and only_planted.skipped == [("push", "device_unverified")]
 
 
 def test_expired_never_falls_back() -> None:

@@ -30,8 +30,9 @@ NOON_NY = datetime(2026, 6, 1, 16, tzinfo=UTC)  # 12:00 EDT
 NIGHT_NY = datetime(2026, 6, 2, 3, tzinfo=UTC)  # 23:00 EDT
 MORNING_NY = datetime(2026, 6, 2, 12, tzinfo=UTC)  # 08:00 EDT
 
-IPHONE = Device("d-ios", "apns", "tok-ios")
-PIXEL = Device("d-and", "fcm", "tok-and")
+IPHONE = Device("d-ios", "apns", "tok-ios", verified=True)
+PIXEL = Device("d-and", "fcm", "tok-and", verified=True)
+PLANTED = Device("d-x", "apns", "tok-x")  # registered by a key without contact_points:verify
 DEAD = Device("d-old", "apns", "tok-old", valid=False)
 EVERYTHING = ContactPoints(
     "u1", (IPHONE, DEAD, PIXEL), "+14155550100", True, "u1@example.com", True
@@ -87,6 +88,21 @@ def test_otp_without_phone_falls_back_to_push_on_every_valid_device(catalog: Cat
         Address("tok-ios", "apns", "d-ios", "apns"),
         Address("tok-and", "fcm", "d-and", "fcm"),
     )
+
+
+def test_an_otp_is_pushed_to_verified_devices_only(catalog: Catalog) -> None:
+    """otp_login is `secret`: a device registered without contact_points:verify (perhaps the
+    registering key's own) never gets the code; other types use it as any device."""
+    out = by_channel(decide(catalog, req("otp_login"), prefs(),
+                            ContactPoints("u1", devices=(PLANTED, PIXEL)), NOON_NY))  # fmt: skip
+    assert isinstance(out["push"], Send)
+    assert out["push"].addresses == (Address("tok-and", "fcm", "d-and", "fcm"),)
+    alone = ContactPoints("u1", devices=(PLANTED,))
+    assert decide(catalog, req("otp_login"), prefs(), alone, NOON_NY) == [
+        Suppress("sms", "no_contact_point")
+    ]
+    shipped = by_channel(decide(catalog, req("order_shipped"), prefs(), alone, NOON_NY))
+    assert isinstance(shipped["push"], Send) and shipped["push"].addresses == (PLANTED.address,)
 
 
 def test_fallback_respects_the_callers_channels(catalog: Catalog) -> None:

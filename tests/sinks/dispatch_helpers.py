@@ -198,9 +198,11 @@ def put_prefs(client: redis.Redis, user: str, **changes: Any) -> None:
 
 
 def put_devices(client: redis.Redis, user: str, tokens: list[str]) -> None:
-    """Write the API's copy of a user's contact points with these APNs tokens."""
+    """Write the API's copy of a user's contact points with these APNs tokens (the user's own:
+    verified, so OTPs may fall back to them)."""
     devices = [{"device_id": f"dev-{t[:8]}", "platform": "apns", "token": t, "app_id": None,
-                "registered_at": 0, "valid": True} for t in tokens]  # fmt: skip
+                "registered_at": 0, "valid": True, "verified": True}
+               for t in tokens]  # fmt: skip
     record = {"user_id": user, "devices": devices, "phone": None, "email": None,
               "updated_at": 0, "version": 3}  # fmt: skip
     client.set(keys.contact_points(user), orjson.dumps(record))

@@ -118,8 +118,8 @@ class _PrefsShapes:
 
 class _ContactsShapes:
     """Contact points from a copy's bytes: validated once per distinct shape (each device's
-    platform, app, validity and verification; which of phone and email are there and verified; what is
-    disabled), then each user's made with their own ids and addresses."""
+    platform, app, validity and verification; which of phone and email are there and verified;
+    what is disabled), then each user's made with their own ids and addresses."""
 
     MAX_SHAPES = 100_000
 

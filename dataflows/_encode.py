@@ -11,6 +11,10 @@ of the delivery and delivery_event schemas are spliced (dataflows/_splice.py): t
 fields are encoded once per shape and checked once against the whole record's bytes from the
 serializer (a mismatch logs `encode.splice_mismatch` and that shape falls back to the
 serializer); per record only the ids are encoded.
+
+Deliveries of the `secret_types` (catalog `secret`: OTP codes, reset links) are sealed
+(herald/sealing.py: address and content readable by dispatch until the delivery expires) and
+never spliced.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from dataflows._splice import SpliceEncoder
 from herald.config import HeraldSettings
 from herald.errors import SerdeError
 from herald.plan_records import Output, Shape
+from herald.sealing import Sealer, seal_delivery
 from infra.topics import load_topics, physical_subject
 from schemas import schema_text
 from schemas.avro_writer import Writer
@@ -101,12 +106,32 @@ _NEW: Any = object()
 class Encoder:
     """`Output` -> `KafkaRecord` (see the module docstring)."""
 
-    def __init__(self, settings: HeraldSettings, registry: SchemaRegistry, job: str) -> None:
+    def __init__(
+        self,
+        settings: HeraldSettings,
+        registry: SchemaRegistry,
+        job: str,
+        secret_types: frozenset[str] = frozenset(),
+    ) -> None:
         self.kafka = settings.kafka
+        self.redis = settings.redis
         self.registry = registry
         self.job = job
         self.specs = load_topics()
         self._serializers: dict[str, tuple[str, Callable[[Any], bytes], _Splicer | None]] = {}
+        # deliveries of these types are sealed (herald/sealing.py), never spliced
+        self.secret_types = secret_types
+        self._sealer: Sealer | None = None
+
+    def _secret(self, item: Output) -> bool:
+        return bool(self.secret_types) and (
+            item.value.get("notification_type") in self.secret_types and "rendered" in item.value
+        )
+
+    def _sealed(self, value: dict[str, Any]) -> dict[str, Any]:
+        if self._sealer is None:
+            self._sealer = Sealer(self.redis.client(socket_timeout=5))
+        return seal_delivery(self._sealer, value)
 
     def _serializer(self, logical: str) -> tuple[str, Callable[[Any], bytes], _Splicer | None]:
         found = self._serializers.get(logical)
@@ -128,7 +153,7 @@ class Encoder:
         without a shape, of a schema that does not splice, or whose shape fell back to the
         serializer (or failed to encode). Used to build records without `Output`s
         (dataflows/_classes.py)."""
-        if item.shape is None:
+        if item.shape is None or self._secret(item):
             return None
         found = self._serializers.get(item.topic) or self._serializer(item.topic)
         topic, serialize, splicer = found
@@ -152,7 +177,9 @@ class Encoder:
                 continue
             topic, serialize, splicer = found.get(item.topic) or self._serializer(item.topic)
             try:
-                if item.shape is not None and splicer is not None:
+                if self.secret_types and self._secret(item):
+                    data = serialize(self._sealed(item.value))
+                elif item.shape is not None and splicer is not None:
                     data = splicer.encode(item, serialize)
                 else:
                     data = serialize(item.value)

@@ -90,9 +90,8 @@ _CHUNK = 256
 
 def redis_client(settings: RedisSettings) -> redis.Redis | redis.RedisCluster:
     """A client for `settings` (Redis Cluster when `settings.cluster`)."""
-    if settings.cluster:
-        return redis.RedisCluster.from_url(settings.url)
-    return redis.Redis.from_url(settings.url)
+    client: redis.Redis | redis.RedisCluster = settings.client(socket_timeout=None)
+    return client
 
 
 class RequestGate:

@@ -135,7 +135,9 @@ def build_flow(settings: HeraldSettings | None = None, *, bounded: bool = False)
     # dead_letter dict
     letters = op.flat_map_batch("count_dead_letters", dead_letters, CountOutputs(JOB))
     # the same dead_letter dicts
-    produce_with_dead_letters("kafka_out", encoded.oks, letters, kafka=kafka, registry=registry)
+    produce_with_dead_letters(
+        "kafka_out", encoded.oks, letters, settings=settings, registry=registry
+    )
     sink = ClickHouseSink(settings.clickhouse, EVENTS_TABLE, event_columns())
     op.output("clickhouse_out", events, sink)
     headers = op.map("to_header", requests.oks, _header)

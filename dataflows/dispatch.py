@@ -109,7 +109,7 @@ def build_flow(
     sink = DispatchSink(settings, dispatch, factories=factories, hook=hook, warm=job_process)
     op.output("dispatch", deliveries.oks, sink)
     letters = to_dead_letter_topic(
-        "dead_letters_out", deliveries.errs, kafka=settings.kafka, registry=registry
+        "dead_letters_out", deliveries.errs, settings=settings, registry=registry
     )
     # KafkaRecord for herald.dead-letters (undecodable deliveries)
     kafka_output("kafka_out", letters, KafkaProducerSink(settings.kafka))

@@ -197,7 +197,7 @@ def build_flow(
     split = _tasks(flow, p, traffic_class, bounded)
     # a campaign's audience batches over every worker (of every process)
     batches = op.redistribute("spread", split.trues)
-    encoder = Encoder(settings, p.registry, JOB)
+    encoder = Encoder(settings, p.registry, JOB, p.catalog.secret_types)
     count = CountOutputs(JOB, dead_letters=False)
     planner = Planner(p.catalog, settings, p.clock, encoder, count, planning.state_cache_users)
     # -> Output | KafkaRecord | dead_letter dict
@@ -214,7 +214,7 @@ def build_flow(
     letters = op.flat_map_batch("count_dead_letters", dead_letters, CountOutputs(JOB))
     # the same dead_letter dicts
     produce_with_dead_letters(
-        "kafka_out", encoded.trues, letters, kafka=settings.kafka, registry=p.registry,
+        "kafka_out", encoded.trues, letters, settings=settings, registry=p.registry,
         sink=KafkaProducerSink(settings.kafka, parts=4, warm=job_process),
     )  # fmt: skip
     return flow

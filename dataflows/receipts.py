@@ -331,7 +331,7 @@ def build_flow(
     letters = op.map("unmatched_letters", unmatched, _Unmatcher(settings, metrics))
     dead = op.merge("dead_letters", raw.errs, parsed.falses, events_in.errs, encoded.errs, letters)
     # dead_letter dict
-    produce_with_dead_letters("kafka_out", encoded.oks, dead, kafka=kafka, registry=registry)
+    produce_with_dead_letters("kafka_out", encoded.oks, dead, settings=settings, registry=registry)
     return flow
 
 

@@ -130,6 +130,6 @@ def build_flow(
     # the same dead_letter dicts
     produce_with_dead_letters(
         "kafka_out", cast(Stream[KafkaRecord], encoded.trues), letters,
-        kafka=settings.kafka, registry=registry,
+        settings=settings, registry=registry,
     )  # fmt: skip
     return flow

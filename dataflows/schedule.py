@@ -224,7 +224,7 @@ def build_flow(
     letters = op.flat_map_batch("count_dead_letters", dead_letters, CountOutputs(JOB))
     # the same dead_letter dicts
     produce_with_dead_letters(
-        "kafka_out", encoded.trues, letters, kafka=settings.kafka, registry=registry,
+        "kafka_out", encoded.trues, letters, settings=settings, registry=registry,
         sink=KafkaProducerSink(settings.kafka, parts=2),
     )  # fmt: skip
     return flow

@@ -268,7 +268,9 @@ def build_flow(settings: HeraldSettings | None = None, *, bounded: bool = False)
     # CopyWrite | Skipped | CaughtUp | dead_letter dict
     split = op.branch("split", copies, _is_write)
     op.output("copies_out", split.trues, CopySink(held, parts))
-    letters = to_dead_letter_topic("dead_letters_out", split.falses, kafka=kafka, registry=registry)
+    letters = to_dead_letter_topic(
+        "dead_letters_out", split.falses, settings=settings, registry=registry
+    )
     kafka_output("kafka_out", letters, KafkaProducerSink(kafka))
     return flow
 

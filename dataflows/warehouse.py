@@ -69,7 +69,7 @@ def build_flow(settings: HeraldSettings | None = None, *, bounded: bool = False)
     op.output("clickhouse_out", rows, ClickHouseSink(settings.clickhouse, EVENTS_TABLE,
                                                      event_columns()))  # fmt: skip
     letters = to_dead_letter_topic(
-        "dead_letters_out", events.errs, kafka=settings.kafka, registry=registry
+        "dead_letters_out", events.errs, settings=settings, registry=registry
     )
     # KafkaRecord for herald.dead-letters
     kafka_output("produce", letters, KafkaProducerSink(settings.kafka))

@@ -292,6 +292,11 @@ class Catalog:
         except (KeyError, TypeError):
             raise UnknownNotificationType(name) from None
 
+    @property
+    def secret_types(self) -> frozenset[str]:
+        """The types marked `secret` (their deliveries are sealed, herald/sealing.py)."""
+        return frozenset(name for name, nt in self.types.items() if nt.secret)
+
     def __contains__(self, name: object) -> bool:
         return name in self.types
 

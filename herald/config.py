@@ -24,7 +24,7 @@ import hashlib
 import hmac
 from datetime import timedelta
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -87,6 +87,15 @@ class RedisSettings(BaseSettings):
 
     url: str = "redis://127.0.0.1:6379/0"
     cluster: bool = False
+
+    def client(self, socket_timeout: float | None = 10) -> Any:
+        """A sync `redis.Redis`, or `redis.RedisCluster` when `cluster` (the one place both
+        are made for the jobs and tools)."""
+        import redis  # here: most users of these settings never open a connection
+
+        if self.cluster:
+            return redis.RedisCluster.from_url(self.url, socket_timeout=socket_timeout)
+        return redis.Redis.from_url(self.url, socket_timeout=socket_timeout)
 
 
 class ClickHouseSettings(BaseSettings):
@@ -225,6 +234,9 @@ class PiiSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="HERALD_PII_")
 
     key: SecretStr = SecretStr(DEV_PII_KEY)
+    # How long a dead letter of a record without an expiry can be replayed: its value is sealed
+    # under a key that Redis drops after that (herald/sealing.py); with an expiry, until then.
+    dead_letter_replay_days: float = Field(default=7.0, gt=0, le=30)
 
     def key_bytes(self) -> bytes:
         return self.key.get_secret_value().encode()

@@ -49,6 +49,7 @@ from herald.catalog import Catalog, load_catalog
 from herald.config import HeraldSettings
 from herald.dispatching import event, recheck
 from herald.errors import DeliveryError, SerdeError
+from herald.sealing import Sealer
 from schemas.registry import make_registry
 from schemas.serde import AvroDeserializer
 from sinks.channels.contacts import ContactStore
@@ -127,6 +128,7 @@ class _Replayer:
         self.kafka = settings.kafka
         self.redis = redis_client(settings.redis)
         self.contacts = ContactStore(self.redis, cluster=settings.redis.cluster)
+        self.sealer = Sealer(self.redis)
         self.catalog, self.now, self.dry_run, self.force = catalog, now, dry_run, force
         self.prefix = dispatch.state_prefix
         self.producer = Producer({**settings.kafka.client_config(), "acks": "all",
@@ -148,8 +150,12 @@ class _Replayer:
         if not self.force and self.redis.exists(self._mark(letter["dead_letter_id"])):
             result.skip("already_replayed")
             return
+        value, why = self.sealer.readable(letter["value"])  # herald/sealing.py
+        if value is None:
+            result.skip(why or "shredded")
+            return
         try:
-            delivery = self.deliveries(letter["value"])
+            delivery = self.deliveries(value)
         except SerdeError as exc:
             result.skip(exc.reason)
             return

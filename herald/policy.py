@@ -262,8 +262,14 @@ class ContactPoints:
         """From a decoded record."""
         phone, email = rec.get("phone") or {}, rec.get("email") or {}
         devices = tuple(
-            Device(d["device_id"], d["platform"], d["token"], d.get("app_id"),
-                   d.get("valid", True), bool(d.get("verified", False)))
+            Device(
+                d["device_id"],
+                d["platform"],
+                d["token"],
+                d.get("app_id"),
+                d.get("valid", True),
+                bool(d.get("verified", False)),
+            )
             for d in rec.get("devices") or ()
         )
         return cls(

@@ -12,7 +12,8 @@ What a replay does depends on the (logical) topic:
                                         travel inside the value untouched; letters whose
                                         expire_at passed are dropped, letters that are not
                                         replayable (encode_failed, record_too_large, no value)
-                                        are skipped
+                                        are skipped, and so are those whose sealed value can
+                                        no longer be opened (herald/sealing.py: `shredded`)
     anything else (or into=T2)          copy key, value and headers into `into` (default: the
                                         same topic) for its consumers to process again
 
@@ -40,6 +41,7 @@ from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartit
 
 from herald.config import HeraldSettings
 from herald.errors import DeliveryError, HeraldError, SerdeError
+from herald.sealing import Sealer
 from infra.clickhouse import herald_client
 from schemas.registry import make_registry
 from schemas.serde import AvroDeserializer
@@ -274,6 +276,7 @@ class _RedriveSink(_Sink):
         self.writer = _Writer(settings)
         self.decode = AvroDeserializer(make_registry(settings.registry), "dead_letter")
         self.redis = redis.Redis.from_url(settings.redis.url)
+        self.sealer = Sealer(self.redis)
         self.into, self.force = into, force
         self.pending: list[str] = []
         self.seen: set[str] = set()
@@ -290,20 +293,26 @@ class _RedriveSink(_Sink):
             result.skip("excluded_job")
         elif letter_id in self.seen:
             result.skip("duplicate")
+        elif expire_at is not None and expire_at <= datetime.now(UTC):
+            result.skip("expired")  # (its value may be gone already: herald/sealing.py)
         elif letter["value"] is None or letter["reason"] in UNREPLAYABLE:
             result.skip("not_replayable")
-        elif expire_at is not None and expire_at <= datetime.now(UTC):
-            result.skip("expired")
         elif not self.force and self.redis.exists(_mark(letter_id)):
             result.skip("already_replayed")
         else:
-            target = self.into or letter["source_topic"]
-            self.writer.send(target, letter["key"], letter["value"], None)
-            self.pending.append(letter_id)
-            result.written += 1
+            self._send(letter, result)
         self.seen.add(letter_id)
         if len(self.pending) >= _BATCH:
             self.finish(result)
+
+    def _send(self, letter: dict[str, Any], result: ReplayResult) -> None:
+        value, why = self.sealer.readable(letter["value"])  # herald/sealing.py
+        if why is not None:
+            result.skip(why)
+            return
+        self.writer.send(self.into or letter["source_topic"], letter["key"], value, None)
+        self.pending.append(letter["dead_letter_id"])
+        result.written += 1
 
     def finish(self, result: ReplayResult) -> None:
         self.writer.flush()  # marked only once Kafka acknowledged them

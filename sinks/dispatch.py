@@ -38,21 +38,23 @@ from herald.breaker import CircuitBreaker
 from herald.catalog import Catalog, load_catalog
 from herald.config import HeraldSettings, RedisSettings
 from herald.controls import DispatchControls, parked_entry
+from herald.dispatching import instant
 from herald.errors import DeliveryError
 from herald.guard import SendGuard
 from herald.metrics import JobMetrics
+from herald.sealing import Sealer, open_delivery
 from herald.shaping import RateShaper
 from schemas.registry import make_registry
 from sinks.channels.clients import Factory, Providers, default_factories
 from sinks.channels.contacts import ContactStore
-from sinks.channels.engine import Dispatcher, Hook
+from sinks.channels.engine import Batch, Dispatcher, Hook
 from sinks.channels.escalation import EscalationCheck
 from sinks.channels.fallback import watch_key, watch_ttl
 from sinks.channels.loop import LoopThread
 from sinks.channels.records import RecordEncoder, deliveries_topic
 from sinks.channels.sending import ShapedSender
 from sinks.channels.settings import DispatchSettings
-from sinks.channels.work import Outputs
+from sinks.channels.work import DeadLetterOut, Outputs
 from sinks.kafka import KafkaProducerSink
 from sources.kafka import Decoded
 
@@ -68,10 +70,7 @@ def utc_now() -> datetime:
 
 def redis_client(settings: RedisSettings) -> redis.Redis:
     """A sync client for Redis or Redis Cluster (guard, shaper and breaker keys are hash-tagged)."""
-    if settings.cluster:
-        cluster: Any = redis.RedisCluster.from_url(settings.url, socket_timeout=10)
-        return cast(redis.Redis, cluster)
-    return redis.Redis.from_url(settings.url, socket_timeout=10)
+    return cast(redis.Redis, settings.client(socket_timeout=10))
 
 
 class DispatchSink(DynamicSink[Decoded]):
@@ -133,7 +132,9 @@ class DispatchPartition(StatelessSinkPartition[Decoded]):
             metrics=JobMetrics("dispatch"), hook=sink.hook, pii_key=settings.pii.key_bytes(),
             controls=self.controls, escalations=EscalationCheck(self.redis, catalog),
         )  # fmt: skip
-        self.encoder = RecordEncoder(settings, make_registry(settings.registry))
+        registry = make_registry(settings.registry)
+        self.encoder = RecordEncoder(settings, registry, catalog.secret_types)
+        self.sealer = Sealer(self.redis)  # a secret type's content, opened just before the send
         self.producer = sink.events.build_writer(f"dispatch-{name}", "part-0")
         self.max_slice = cfg.max_slice
         self._closed = False
@@ -148,8 +149,9 @@ class DispatchPartition(StatelessSinkPartition[Decoded]):
         started = time.perf_counter()
         events = retries = 0
         for i in range(0, len(items), self.max_slice):
-            part = items[i : i + self.max_slice]
-            out = self.dispatcher.dispatch([(d.message, d.value) for d in part])
+            batch, unreadable = self._opened(items[i : i + self.max_slice])
+            out = self.dispatcher.dispatch(batch)
+            out.dead_letters.extend(unreadable)
             self.producer.submit(self.encoder.encode(out))
             self._cleanups(out)
             self._watch(out.watched)
@@ -159,6 +161,27 @@ class DispatchPartition(StatelessSinkPartition[Decoded]):
         ms = (time.perf_counter() - started) * 1000
         log.debug("dispatch.batch n=%d events=%d retries=%d ms=%.1f",
                   len(items), events, retries, ms)  # fmt: skip
+
+    def _opened(self, part: list[Decoded]) -> tuple[Batch, list[DeadLetterOut]]:
+        """The deliveries with a secret type's sealed content opened (herald/sealing.py). One
+        whose content is gone goes on as it is when it has expired (the engine ends it
+        EXPIRED, before any send), else becomes a dead letter with the reason."""
+        batch: list[tuple[Any, dict[str, Any]]] = []
+        unreadable: list[DeadLetterOut] = []
+        now = utc_now()
+        for d in part:
+            value = d.value
+            if value.get("sealed") is not None:
+                opened, why = open_delivery(self.sealer, value)
+                if opened is None:
+                    expire_at = instant(value.get("expire_at"))
+                    if expire_at is None or expire_at > now:
+                        unreadable.append(DeadLetterOut(d.message, value, str(why)))
+                        continue
+                else:
+                    value = opened
+            batch.append((d.message, value))
+        return batch, unreadable
 
     def _cleanups(self, out: Outputs) -> None:
         now = utc_now()
@@ -191,7 +214,7 @@ class DispatchPartition(StatelessSinkPartition[Decoded]):
         entries = []
         for d in deliveries:
             logical = deliveries_topic(d["channel"], d["traffic_class"])
-            value = self.encoder.serializer(logical)(d)
+            value = self.encoder.serializer(logical)(self.encoder.kept(d))
             entries.append((d["notification_id"], parked_entry(logical, d["delivery_id"], value)))
         parked = self.controls.park(entries)
         back = [d for d, ok in zip(deliveries, parked, strict=True) if not ok]

@@ -5,7 +5,8 @@
     KafkaProducerSink(kafka, parts=1)       Bytewax sink; items are (routing_key, record or batch)
     kafka_output(step_id, up, sink)         operator: key by record (or batch) key, then produce
     encode_avro(step_id, up, ...)           operator: dict -> KafkaRecord | dead-letter dict
-    to_dead_letter_topic(step_id, up, ...)  operator: dead-letter dict -> KafkaRecord
+    to_dead_letter_topic(step_id, up, ...)  operator: dead-letter dict -> KafkaRecord, its value
+                                            sealed until its message expires (herald/sealing.py)
     dead_letter(...)                        builds a `dead_letter` record (schemas/dead_letter)
 
 Guarantee (see sinks/base.py for the Bytewax ordering it relies on): at-least-once. Records are
@@ -25,7 +26,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import Any, NamedTuple, cast
 
@@ -34,8 +35,9 @@ import orjson
 from bytewax.dataflow import Stream, operator
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
-from herald.config import KafkaSettings
+from herald.config import HeraldSettings, KafkaSettings
 from herald.errors import DeliveryError, SerdeError
+from herald.sealing import Sealer, SealUnavailable, is_sealed
 from infra.topics import load_topics, physical_subject
 from schemas.registry import SchemaRegistry
 from schemas.serde import AvroSerializer
@@ -43,6 +45,7 @@ from sinks.base import DeliveryTracker, EpochFlushPartition, EpochFlushSink, ret
 
 __all__ = [
     "DEAD_LETTER_TOPIC",
+    "DeadLetterSealer",
     "EncodeOut",
     "KafkaProducerSink",
     "KafkaRecord",
@@ -407,9 +410,44 @@ def encode_avro(
     return EncodeOut(oks, errs)
 
 
+class DeadLetterSealer:
+    """Seals each dead letter's value (herald/sealing.py) until its message expires, or for
+    the replay window when it has no expiry; a value that cannot be sealed is not kept. Redis
+    (the keys' home) is connected on the first letter: a job that writes none opens nothing."""
+
+    def __init__(self, settings: HeraldSettings, sealer: Sealer | None = None) -> None:
+        self.redis_settings, self._sealer = settings.redis, sealer
+        self.replay = timedelta(days=settings.pii.dead_letter_replay_days)
+
+    def __call__(self, letter: dict[str, Any]) -> dict[str, Any]:
+        value = letter.get("value")
+        if value is None or is_sealed(value):
+            return letter
+        shred_at = letter.get("expire_at") or letter["failed_at"] + self.replay
+        try:
+            sealed = self.sealer.seal(value, shred_at)
+        except SealUnavailable as exc:
+            log.error("dead_letter.unsealed job=%s reason=%s: %s", letter["job"],
+                      letter["reason"], exc)  # fmt: skip
+            sealed, why = None, "could not be sealed"
+        else:
+            why = "its message had expired"
+        if sealed is None:
+            detail = f"{letter['detail']} (value not kept: {why})"
+            return {**letter, "value": None, "detail": detail[:_DETAIL_MAX]}
+        return {**letter, "value": sealed}
+
+    @property
+    def sealer(self) -> Sealer:
+        if self._sealer is None:
+            self._sealer = Sealer(self.redis_settings.client(socket_timeout=5))
+        return self._sealer
+
+
 def _dead_letter_record(
-    serializer: AvroSerializer, topic: str, letter: dict[str, Any]
+    serializer: AvroSerializer, topic: str, seal: DeadLetterSealer, letter: dict[str, Any]
 ) -> KafkaRecord:
+    letter = seal(letter)
     log.warning(
         "dead_letter.emitted job=%s reason=%s source_topic=%s partition=%s offset=%s",
         letter["job"], letter["reason"], letter["source_topic"], letter["partition"],
@@ -429,10 +467,12 @@ def to_dead_letter_topic(
     step_id: str,
     up: Stream[dict[str, Any]],
     *,
-    kafka: KafkaSettings,
+    settings: HeraldSettings,
     registry: SchemaRegistry,
 ) -> Stream[KafkaRecord]:
-    """Encode dead-letter dicts for herald.dead-letters (key = source topic)."""
-    serializer = topic_serializer(kafka, registry, DEAD_LETTER_TOPIC)
-    topic = kafka.topic(DEAD_LETTER_TOPIC)
-    return op.map("encode", up, partial(_dead_letter_record, serializer, topic))
+    """Encode dead-letter dicts for herald.dead-letters (key = source topic), each value sealed
+    until its message expires (`DeadLetterSealer`)."""
+    serializer = topic_serializer(settings.kafka, registry, DEAD_LETTER_TOPIC)
+    topic = settings.kafka.topic(DEAD_LETTER_TOPIC)
+    seal = DeadLetterSealer(settings)
+    return op.map("encode", up, partial(_dead_letter_record, serializer, topic, seal))

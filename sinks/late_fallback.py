@@ -62,9 +62,10 @@ class _LatePartition(UserChangePartition[LateFailure]):
         cfg = dispatch if dispatch is not None else DispatchSettings()
         registry = make_registry(settings.registry)
         contacts = ContactStore(self.redis, cluster=settings.redis.cluster)
-        self.router = FallbackRouter(load_catalog(cfg.catalog_path), contacts)
+        catalog = load_catalog(cfg.catalog_path)
+        self.router = FallbackRouter(catalog, contacts)
         self.decode = AvroDeserializer(registry)
-        self.encoder = RecordEncoder(settings, registry)
+        self.encoder = RecordEncoder(settings, registry, catalog.secret_types)
 
     def write_batch(self, items: list[LateFailure]) -> None:
         """Each late failure's fallback, acked by Kafka before its watch key goes."""

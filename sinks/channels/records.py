@@ -3,7 +3,8 @@
     delivery events   herald.delivery-events        key delivery_id
     retries           herald.retry.{class}          key delivery_id (the retry job holds them)
     dead letters      herald.dead-letters           key source topic; value = the delivery as
-                                                    it stood (Avro Delivery), replayable by
+                                                    it stood (Avro Delivery), sealed until it
+                                                    expires (herald/sealing.py), replayable by
                                                     herald.dlq with its delivery_id, expire_at
     device changes    herald.devices                key user_id (token cleanup, dead address)
     fallbacks         herald.deliveries.{channel}.{class}   key delivery_id (herald.fallback)
@@ -22,11 +23,12 @@ import orjson
 
 from herald.config import HeraldSettings
 from herald.errors import SerdeError
+from herald.sealing import seal_delivery
 from infra.topics import load_topics, physical_subject
 from schemas.registry import SchemaRegistry
 from schemas.serde import AvroSerializer
 from sinks.channels.work import DeadLetterOut, Outputs
-from sinks.kafka import DEAD_LETTER_TOPIC, KafkaRecord, dead_letter
+from sinks.kafka import DEAD_LETTER_TOPIC, DeadLetterSealer, KafkaRecord, dead_letter
 
 __all__ = ["JOB", "RecordEncoder", "deliveries_topic", "retry_topic"]
 
@@ -50,10 +52,18 @@ def retry_topic(traffic_class: str) -> str:
 class RecordEncoder:
     """Encodes `Outputs`; one serializer per logical topic, built on first use."""
 
-    def __init__(self, settings: HeraldSettings, registry: SchemaRegistry) -> None:
+    def __init__(
+        self,
+        settings: HeraldSettings,
+        registry: SchemaRegistry,
+        secret_types: frozenset[str] = frozenset(),
+    ) -> None:
         self.kafka = settings.kafka
         self.registry = registry
         self.specs = load_topics()
+        self.seal = DeadLetterSealer(settings)  # a letter's value, until its message expires
+        # deliveries and retries of these types leave sealed again (herald/sealing.py)
+        self.secret_types = secret_types
         self._serializers: dict[str, Callable[[Mapping[str, Any]], bytes]] = {}
 
     def serializer(self, logical: str) -> Callable[[Mapping[str, Any]], bytes]:
@@ -73,12 +83,19 @@ class RecordEncoder:
             records.append(self._one(EVENTS_TOPIC, ev["delivery_id"], ev))
         for rec in out.deliveries:
             topic = deliveries_topic(rec["channel"], rec["traffic_class"])
-            records.append(self._one(topic, rec["delivery_id"], rec))
+            records.append(self._one(topic, rec["delivery_id"], self.kept(rec)))
         for rec in out.retries:
-            records.append(self._one(retry_topic(rec["traffic_class"]), rec["delivery_id"], rec))
+            topic = retry_topic(rec["traffic_class"])
+            records.append(self._one(topic, rec["delivery_id"], self.kept(rec)))
         for letter in out.dead_letters:
             records.append(self._dead(letter))
         return records
+
+    def kept(self, rec: dict[str, Any]) -> dict[str, Any]:
+        """A delivery as Kafka may keep it: a secret type's sealed (herald/sealing.py)."""
+        if rec.get("notification_type") not in self.secret_types:
+            return rec
+        return seal_delivery(self.seal.sealer, rec)
 
     def device_record(self, user_id: str, record: Mapping[str, Any]) -> KafkaRecord:
         """A contact_points record for herald.devices (raises SerdeError: the caller decides)."""
@@ -103,7 +120,7 @@ class RecordEncoder:
         logical = deliveries_topic(rec["channel"], rec["traffic_class"])
         source = self.kafka.topic(logical)
         msg = out.message
-        value = self.serializer(logical)(rec)
+        value = self.serializer(logical)(self.kept(rec))
         letter = dead_letter(
             source_topic=source, reason=out.reason.split(":", 1)[0], detail=out.reason, job=JOB,
             partition=msg.partition if msg else -1, offset=msg.offset if msg else -1,
@@ -114,5 +131,6 @@ class RecordEncoder:
         return self._letter(letter)
 
     def _letter(self, letter: dict[str, Any]) -> KafkaRecord:
+        letter = self.seal(letter)
         value = self.serializer(DEAD_LETTER_TOPIC)(letter)
         return KafkaRecord(self.kafka.topic(DEAD_LETTER_TOPIC), letter["source_topic"], value)

@@ -237,5 +237,6 @@ def test_only_the_verify_scope_registers_a_device_that_may_receive_codes(
     assert refused.status_code == 403 and refused.json()["scope"] == "contact_points:verify"
     assert planted.status_code == 201, planted.text
     assert [(d["token_hint"], d["verified"]) for d in devices] == [
-        ("ababab…", False), ("cdcdcd…", True),
+        ("ababab…", False),
+        ("cdcdcd…", True),
     ]

@@ -9,6 +9,7 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 
 from herald.config import HeraldSettings
+from herald.sealing import Sealer, is_sealed
 from schemas.registry import make_registry
 from schemas.serde import AvroDeserializer
 from sinks.kafka import topic_serializer
@@ -72,3 +73,12 @@ def consume(
     finally:
         consumer.close()
     return out
+
+
+def opened(settings: HeraldSettings, value: bytes) -> bytes:
+    """A dead letter's value as the replay tools read it: sealed (herald/sealing.py), opened
+    with its hour's key from Redis."""
+    assert is_sealed(value), f"a dead letter's value is kept sealed: {value[:16]!r}"
+    plain = Sealer(settings.redis.client()).open(value)
+    assert plain is not None, "the value's key is already gone"
+    return plain

@@ -24,7 +24,7 @@ from herald.status_keys import header_key
 from infra.clickhouse import herald_client
 from infra.process import free_port, reset_sigint
 from schemas import load_schema
-from tests.dataflows.helpers import consume, decoder, encoder, produce
+from tests.dataflows.helpers import consume, decoder, encoder, opened, produce
 from tests.schemas.examples import NOW, example
 
 REPO = Path(__file__).resolve().parents[2]
@@ -101,7 +101,7 @@ def assert_outputs(settings: HeraldSettings, ids: list[str], wait: bool = False)
     assert sorted(events) == ids
     assert {e["event_id"] for e in events.values()} == {event_id(i, "ACCEPTED", 0) for i in ids}
     assert events[ids[1]]["traffic_class"] == "transactional"
-    assert sorted((d["reason"], d["value"]) for d in letters) == [
+    assert sorted((d["reason"], opened(settings, d["value"])) for d in letters) == [
         ("bad_magic_byte", b"garbage"),
         ("truncated", b"\x00\x00\x00\x00"),
     ]

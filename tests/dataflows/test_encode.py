@@ -15,6 +15,7 @@ from herald.config import HeraldSettings, RegistrySettings
 from herald.plan_records import Output, Renderer, plan_user, user_records
 from herald.planning import UserView, admit_request
 from herald.policy import ContactPoints, Device, Preferences
+from herald.sealing import Sealer, open_delivery
 from schemas.registry import make_registry
 from schemas.serde import AvroDeserializer
 from sinks.kafka import KafkaRecord
@@ -67,7 +68,8 @@ def test_every_spliced_record_decodes_to_its_value(encoder: Encoder) -> None:
     assert all(isinstance(r, KafkaRecord) for r in records)
     assert [r.key for r in records] == [o.key for o in outputs]
     for output, record in zip(outputs, decoded(encoder, records), strict=True):
-        assert record == {**output.value, "generation": 0}
+        sealed = {"sealed": None} if "rendered" in output.value else {}  # deliveries only
+        assert record == {**output.value, "generation": 0, **sealed}
 
 
 def test_a_splice_that_disagrees_with_the_serializer_falls_back(
@@ -87,4 +89,32 @@ def test_a_splice_that_disagrees_with_the_serializer_falls_back(
         records = encoder(outputs)
     assert "encode.splice_mismatch" in caplog.text
     for output, record in zip(outputs, decoded(encoder, records), strict=True):
-        assert record == {**output.value, "generation": 0}
+        sealed = {"sealed": None} if "rendered" in output.value else {}  # deliveries only
+        assert record == {**output.value, "generation": 0, **sealed}
+
+
+def test_a_secret_types_deliveries_are_sealed_never_spliced(settings: HeraldSettings) -> None:
+    """otp_login (`secret`): the plan job's records hold neither the code nor the number;
+    dispatch's `open_delivery` gets both back until the delivery expires."""
+    now = datetime.now(UTC)  # sealed until it expires: five minutes from now
+    request = admit_request({
+        "notification_id": "n-otp", "request_id": "r", "tenant_id": "acme",
+        "notification_type": "otp_login", "traffic_class": "transactional",
+        "recipients": {"user_ids": ["u-1"], "segment_id": None}, "params": {"code": "551177"},
+        "accepted_at": now, "source": "api",
+    }, CATALOG, "t:0:1")  # fmt: skip
+    contacts = ContactPoints("u-1", phone="+41791234567", phone_verified=True)
+    view = UserView("u-1", None, Preferences("u-1"), contacts)
+    records, _ = user_records(
+        Renderer(CATALOG), request, view, plan_user(CATALOG, request, view, now), now
+    )
+    encoder = Encoder(settings, make_registry(settings.registry), "plan", CATALOG.secret_types)
+    assert all(encoder.splice_parts(o) is None for o in records if "rendered" in o.value)
+    out = encoder(records)
+    [sms] = [r for r in out if isinstance(r, KafkaRecord) and ".sms." in r.topic]
+    assert b"551177" not in sms.value and b"791234567" not in sms.value
+    kept = AvroDeserializer(encoder.registry)(sms.value)
+    assert kept["address"] is None and kept["sealed"]
+    opened, why = open_delivery(Sealer(settings.redis.client()), kept)
+    assert why is None and opened is not None and opened["address"] == "+41791234567"
+    assert "551177" in opened["rendered"]["body"]

@@ -22,10 +22,11 @@ from dataflows.receipts import ReceiptsSettings, build_flow
 from herald import ids
 from herald.config import HeraldSettings
 from herald.receipts import address_tag
+from herald.sealing import Sealer, open_delivery
 from herald.status_keys import status_key
 from infra.clickhouse import herald_client
 from sinks.channels.fallback import watch_key
-from tests.dataflows.helpers import consume, decoder, encoder, produce
+from tests.dataflows.helpers import consume, decoder, encoder, opened, produce
 from tests.dataflows.test_accepted import Job, assert_no_job_errors
 from tests.schemas.examples import example
 
@@ -368,7 +369,7 @@ def test_job_process_holds_expires_and_watches(
         "receipt_unmatched",
         settings.kafka.topic(RAW),
     )
-    again = decoder(settings)(letter["value"])  # the receipt itself, ready to re-drive
+    again = decoder(settings)(opened(settings, letter["value"]))  # the receipt, to re-drive
     assert again["provider"] == "sms_a" and b"SM-none" in again["body"]
     unknown = w.emitted()[w.d("sms-3")]
     assert [(e["state"], e["reason"]) for e in unknown] == [
@@ -390,7 +391,7 @@ def test_a_late_failure_falls_back_to_the_next_step_once(settings: HeraldSetting
     client = redis.Redis.from_url(settings.redis.url)
     user, did = w.d("eve"), w.d("otp")
     device = {"device_id": "dev-eve", "platform": "apns", "token": "a" * 64, "app_id": None,
-              "registered_at": 0, "valid": True}  # fmt: skip
+              "registered_at": 0, "valid": True, "verified": True}  # fmt: skip
     contacts = {"user_id": user, "devices": [device], "phone": None, "email": None,
                 "updated_at": 0, "version": 3}  # fmt: skip
     client.set(keys.contact_points(user), orjson.dumps(contacts))
@@ -414,7 +415,9 @@ def test_a_late_failure_falls_back_to_the_next_step_once(settings: HeraldSetting
     )
 
     decode = decoder(settings)
-    pushes = [decode(v) for _k, v in consume(settings, "herald.deliveries.push.transactional")]
+    raw = [v for _k, v in consume(settings, "herald.deliveries.push.transactional")]
+    assert all(b"424242" not in v for v in raw)  # an OTP's content is kept sealed
+    pushes = [open_delivery(Sealer(client), decode(v))[0] or {} for v in raw]
     assert [(d["user_id"], d["address"], d["rendered"]["body"]) for d in pushes] == [
         (user, "a" * 64, "Your code is 424242")
     ]

@@ -18,6 +18,7 @@ from bytewax.testing import run_main
 from dataflows import receipts, warehouse
 from herald.config import HeraldSettings
 from herald.dlq import replay_dead_letters
+from herald.sealing import is_sealed
 from herald.status_keys import status_key
 from infra.clickhouse import herald_client
 from infra.simulators.launcher import RunningSimulator, start_simulator
@@ -73,6 +74,7 @@ def test_replay_keeps_identity_rechecks_policy_and_is_idempotent(
     )
     assert {x["reason"] for x in letters} == {"retries_exhausted"}
     assert all(x["job"] == "dispatch" and x["attempts"] == 1 for x in letters)
+    assert all(is_sealed(x["value"]) for x in letters)  # readable by the replay until expiry
 
     put_prefs(redis.Redis.from_url(settings.redis.url), later_opt_out["user_id"],
               category_opt_out=["marketing"])  # fmt: skip

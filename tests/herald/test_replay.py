@@ -14,8 +14,9 @@ from confluent_kafka import Producer
 from dashboards.queries import PANELS, run_panel, window
 from herald.config import HeraldSettings
 from herald.replay import parse_time, replay
+from herald.sealing import key_name, shred_hour
 from infra.clickhouse import herald_client
-from sinks.kafka import dead_letter
+from sinks.kafka import DeadLetterSealer, dead_letter
 from tests.dataflows.helpers import consume, encoder
 from tests.dataflows.test_receipts import FlowJob, wait_for
 from tests.infra.test_analytics import scenario
@@ -105,14 +106,22 @@ def test_dead_letters_are_redriven_once_keeping_their_bytes(settings: HeraldSett
                     expire_at=now - timedelta(minutes=1)),
         dead_letter(source_topic=source, reason="encode_failed", detail="", job="plan",
                     value=b"{}"),
+        dead_letter(source_topic=source, partition=0, offset=9, key=b"d-3", value=b"\x00v3",
+                    reason="retries_exhausted", detail="", job="dispatch", delivery_id="d-3",
+                    expire_at=now + timedelta(hours=3)),
     ]  # fmt: skip
+    seal = DeadLetterSealer(settings)  # as every job seals them (herald/sealing.py)
     encode = encoder(settings, "herald.dead-letters")
-    produce_at(settings, "herald.dead-letters", [(b"k", encode(d), ms(now)) for d in letters])
+    produce_at(settings, "herald.dead-letters",
+               [(b"k", encode(seal(d)), ms(now)) for d in letters])  # fmt: skip
+    # d-3's hour is over (its key dropped, as Redis does when the hour ends): unreadable
+    shredded = shred_hour(now + timedelta(hours=3)).strftime("%Y%m%d%H")
+    settings.redis.client().delete(key_name(shredded))
     frm, to = now - timedelta(minutes=1), now + timedelta(minutes=1)
 
     first = replay(settings, "herald.dead-letters", frm, to)
     assert (first.mode, first.written) == ("redrive", 1)
-    assert first.skipped == {"expired": 1, "not_replayable": 1}
+    assert first.skipped == {"expired": 1, "not_replayable": 1, "shredded": 1}
     assert consume(settings, "herald.deliveries.sms.bulk") == [(b"d-1", b"\x00v1")]
     again = replay(settings, "herald.dead-letters", frm, to)
     assert again.written == 0 and again.skipped["already_replayed"] == 1
@@ -121,7 +130,7 @@ def test_dead_letters_are_redriven_once_keeping_their_bytes(settings: HeraldSett
     excluded = replay(
         settings, "herald.dead-letters", frm, to, force=True, exclude_jobs={"dispatch"}
     )
-    assert excluded.written == 0 and excluded.skipped["excluded_job"] == 2
+    assert excluded.written == 0 and excluded.skipped["excluded_job"] == 3
     into = replay(settings, "herald.dead-letters", frm, to, into="herald.retry.bulk", force=True)
     assert into.written == 1 and consume(settings, "herald.retry.bulk") == [(b"d-1", b"\x00v1")]
 

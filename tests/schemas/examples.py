@@ -73,6 +73,7 @@ def _contact_points() -> dict[str, Any]:
                 "app_id": "com.example.app",
                 "registered_at": NOW,
                 "valid": True,
+                "verified": True,
             }
         ],
         "phone": {"e164": "+41791234567", "verified": True},
@@ -117,6 +118,7 @@ def _delivery() -> dict[str, Any]:
             }
         ],
         "generation": 1,
+        "sealed": None,
     }
 
 

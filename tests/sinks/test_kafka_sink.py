@@ -193,7 +193,7 @@ def test_encode_and_dead_letter_routing(settings: HeraldSettings) -> None:
         "encode", events, serializer=topic_serializer(settings.kafka, registry, TOPIC),
         topic=topic, key=lambda e: e["delivery_id"], job="test",
     )  # fmt: skip
-    letters = to_dead_letter_topic("dead", encoded.errs, kafka=settings.kafka, registry=registry)
+    letters = to_dead_letter_topic("dead", encoded.errs, settings=settings, registry=registry)
     op.output("out", op.merge("all", encoded.oks, letters), TestingSink(out))
     run_main(flow)
 

@@ -56,7 +56,7 @@ from herald.delivery_fold import (
     event_generation,
 )
 from herald.metrics import JobMetrics
-from herald.receipts import BadReceipt, ReceiptEvent, join_key, normalize
+from herald.receipts import BadReceipt, ReceiptEvent, join_key, joins_by_message_id, normalize
 from herald.status_keys import StatusUpdate
 from schemas.registry import make_registry
 from sinks.addresses import AddressSink
@@ -336,8 +336,10 @@ def build_flow(
 
 
 def _accepted_key(event: dict[str, Any]) -> tuple[str, tuple[str, tuple[str, int]]] | None:
-    if event["state"] != "PROVIDER_ACCEPTED" or not event.get("provider"):
-        return None
+    if event["state"] != "PROVIDER_ACCEPTED" or not joins_by_message_id(
+        event.get("provider") or ""
+    ):
+        return None  # push (no receipts), inbox and app (receipts name the delivery): no join
     if not event.get("provider_msg_id"):
         return None
     sent = (event["delivery_id"], event_generation(event))

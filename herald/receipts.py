@@ -45,6 +45,7 @@ __all__ = [
     "ReceiptEvent",
     "address_tag",
     "join_key",
+    "joins_by_message_id",
     "kills_address",
     "opts_out",
     "normalize",
@@ -161,6 +162,13 @@ class ReceiptEvent:
     def channel(self) -> str:
         """Channel of the deliveries this provider reports on ("" when unknown)."""
         return CHANNEL_OF.get(self.provider, "")
+
+
+def joins_by_message_id(provider: str) -> bool:
+    """True for a provider whose receipts name the message, not the delivery (an SMS
+    carrier's DLR, an email provider's webhook): its PROVIDER_ACCEPTED events are kept to
+    join them. APNs and FCM send none; the inbox and the app name the delivery."""
+    return provider in _PARSERS and provider not in _HINTED
 
 
 def join_key(provider: str, provider_msg_id: str) -> str:
@@ -473,3 +481,4 @@ _PARSERS: Mapping[str, Callable[[Mapping[str, Any], bytes], list[ReceiptEvent]]]
     "inbox": _internal,
     "app": _internal,
 }
+_HINTED = frozenset({"inbox", "app"})  # receipts that carry the delivery id

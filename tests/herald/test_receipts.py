@@ -30,6 +30,7 @@ from herald.receipts import (
     BadReceipt,
     ReceiptEvent,
     address_tag,
+    joins_by_message_id,
     kills_address,
     normalize,
     opts_out,
@@ -492,3 +493,16 @@ def test_any_field_value_is_an_event_or_bad_receipt_never_a_crash(
     except BadReceipt:
         return
     assert all(1970 <= ev.occurred_at.year <= 9999 for ev in events)
+
+
+def test_only_receipts_that_name_the_message_are_joined_by_its_id() -> None:
+    """The receipts job keeps a PROVIDER_ACCEPTED for a later receipt only where one can come
+    by message id (SMS carriers, email): push has no receipts, the inbox and the app name the
+    delivery, so a push campaign leaves no join state behind."""
+    from dataflows.receipts import _accepted_key
+
+    assert [p for p in ("sms_a", "sms_b", "email", "apns", "fcm", "inbox", "app")
+            if joins_by_message_id(p)] == ["sms_a", "sms_b", "email"]  # fmt: skip
+    accepted = {"state": "PROVIDER_ACCEPTED", "delivery_id": "d-1", "provider_msg_id": "m-1"}
+    assert _accepted_key({**accepted, "provider": "apns"}) is None
+    assert _accepted_key({**accepted, "provider": "sms_a"}) == ("sms_a|m-1", ("pa", ("d-1", 0)))

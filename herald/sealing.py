@@ -20,6 +20,8 @@ code, a password-reset link) out of every delivery record Kafka keeps (deliverie
 dead letters, 7-30 days): the plan job moves the delivery's `address`, `rendered` and
 `fallback_content` into its `sealed` field (`seal_delivery`, leaving them empty) and dispatch
 opens them just before the send (`open_delivery`). The jobs in between carry the record as is.
+Dispatch seals every retry record it writes the same way, whatever its type: the retry topics
+keep them for days, longer than most messages live.
 
     seal_delivery(sealer, delivery) -> delivery     (unchanged when already sealed)
     open_delivery(sealer, delivery) -> (delivery, None) | (None, why)

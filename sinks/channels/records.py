@@ -1,7 +1,8 @@
 """A batch's `Outputs` as Kafka records (Avro, Confluent framing).
 
     delivery events   herald.delivery-events        key delivery_id
-    retries           herald.retry.{class}          key delivery_id (the retry job holds them)
+    retries           herald.retry.{class}          key delivery_id (the retry job holds them);
+                                                    address and content sealed until expiry
     dead letters      herald.dead-letters           key source topic; value = the delivery as
                                                     it stood (Avro Delivery), sealed until it
                                                     expires (herald/sealing.py), replayable by
@@ -86,14 +87,16 @@ class RecordEncoder:
             records.append(self._one(topic, rec["delivery_id"], self.kept(rec)))
         for rec in out.retries:
             topic = retry_topic(rec["traffic_class"])
-            records.append(self._one(topic, rec["delivery_id"], self.kept(rec)))
+            records.append(self._one(topic, rec["delivery_id"], self.kept(rec, always=True)))
         for letter in out.dead_letters:
             records.append(self._dead(letter))
         return records
 
-    def kept(self, rec: dict[str, Any]) -> dict[str, Any]:
-        """A delivery as Kafka may keep it: a secret type's sealed (herald/sealing.py)."""
-        if rec.get("notification_type") not in self.secret_types:
+    def kept(self, rec: dict[str, Any], always: bool = False) -> dict[str, Any]:
+        """A delivery as Kafka may keep it (herald/sealing.py): a secret type's sealed, and
+        with `always` every one (a retry record: the retry topics keep them for days, longer
+        than most messages live, so its address and content expire with the message)."""
+        if not always and rec.get("notification_type") not in self.secret_types:
             return rec
         return seal_delivery(self.seal.sealer, rec)
 

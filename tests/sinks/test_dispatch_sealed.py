@@ -77,3 +77,20 @@ def test_a_sealed_otp_whose_key_is_gone_is_dead_lettered_not_sent(
         ("shredded", sealed["delivery_id"])
     ]
     assert sms_a.stats()["requests"] == sms_b.stats()["requests"] == 0
+
+
+def test_every_retry_record_is_sealed_whatever_its_type(
+    settings: HeraldSettings, sms_a: RunningSimulator, sms_b: RunningSimulator
+) -> None:
+    """A marketing SMS (not `secret`) deferred for a retry: its number and text are sealed in
+    the retry topic, which keeps records longer than the message lives."""
+    sms_a.configure(errors={"500": 1.0})
+    sms_b.configure(errors={"500": 1.0})
+    promo = delivery("sms", notification_type="marketing_campaign", category="marketing",
+                     rendered={"title": None, "body": "20% off today", "subject": None,
+                               "data": {}})  # fmt: skip
+    dispatch(settings, {"sms_a": sms_a, "sms_b": sms_b}, [promo])
+    [raw] = [v for _k, v in consume(settings, "herald.retry.transactional")]
+    assert b"20% off" not in raw and b"5550006" not in raw
+    opened, _ = open_delivery(Sealer(settings.redis.client()), decoder(settings)(raw))
+    assert opened is not None and opened["rendered"]["body"] == "20% off today"

@@ -9,11 +9,12 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run test bench lint lock clean help
+.PHONY: install run test test-fast bench lint lock clean help
 
 help:
 	@echo "make run     start the whole platform on embedded defaults (Ctrl-C stops it)"
 	@echo "make test    run the whole test suite against real embedded services"
+	@echo "make test-fast  unit and single-process tests only (no embedded services)"
 	@echo "make bench   run every benchmark and write bench/results/REPORT.md with PNG plots"
 	@echo "make lint    ruff and mypy"
 	@echo "make lock    re-pin requirements.lock from pyproject.toml"
@@ -33,6 +34,10 @@ run: install
 
 test: install
 	$(BIN)/python -m pytest
+
+# unit and single-process tests: no embedded services, no stack (tests/conftest.py marks the rest)
+test-fast: install
+	$(BIN)/python -m pytest -m "not integration" -q
 
 # every SPEC §6 benchmark → bench/results/REPORT.md + PNGs (~15 min); e.g. BENCH_ARGS="plan --quick"
 bench: install

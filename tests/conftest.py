@@ -124,3 +124,14 @@ from tests.simulator_fixtures import (  # noqa: E402, F401 - pytest finds fixtur
     sms_b,
     sms_b_proc,
 )
+
+_SERVICE_FIXTURES = frozenset({"stack", "settings", "e2e", "api", "subprocess_env"})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every test that reaches the embedded services (a session fixture among its fixtures,
+    or a test under tests/e2e*) is `integration`; `make test-fast` runs the others."""
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        if names & _SERVICE_FIXTURES or "/tests/e2e" in str(item.path):
+            item.add_marker(pytest.mark.integration)

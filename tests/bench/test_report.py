@@ -18,6 +18,8 @@ import bench.__main__ as runner
 from bench._report import figure, per_second, percentile, ratio, render, result
 from bench.smoothing import max_in_window
 
+pytestmark = pytest.mark.integration  # a quick benchmark on real services
+
 REPO = Path(__file__).resolve().parents[2]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -112,6 +112,7 @@ def test_demo_without_a_stack_says_how_to_start_one(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(1800)
+@pytest.mark.integration  # a whole `herald up` stack
 def test_demo_on_a_full_stack_passes_every_scene(tmp_path: Path) -> None:
     """`herald demo` starts a detached stack, runs the seven scenes, stops the stack."""
     try:

@@ -13,6 +13,8 @@ from herald.stackclient import ApiError, StackClient, StackNotRunningError
 from infra.process import pid_alive
 from tests.e2e._stack import herald_cli
 
+pytestmark = pytest.mark.integration  # a whole `herald up` stack
+
 
 @pytest.fixture(scope="module")
 def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackClient]:

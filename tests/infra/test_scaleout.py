@@ -14,6 +14,8 @@ from infra.services import BYTEWAX_JOBS
 from infra.stack import read_state
 from tests.infra.test_stack import DEV_KEY, herald
 
+pytestmark = pytest.mark.integration  # `herald up --processes 2`
+
 USERS = [f"scale-user-{i}" for i in range(20)]
 DONE = {"PROVIDER_ACCEPTED", "DELIVERED", "OPENED", "CLICKED"}
 # 30 Bytewax processes on 2 shared cores start and drain slowly: generous, bounded waits.

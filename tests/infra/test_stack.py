@@ -80,6 +80,7 @@ def test_second_start_is_refused_and_stop_leaves_nothing(tmp_path: Path) -> None
     assert read_state(tmp_path) is None
 
 
+@pytest.mark.integration  # a whole `herald up` stack
 def test_cli_up_status_down(tmp_path: Path) -> None:
     """`herald up --detach` → `status --json` exits 0 with addresses → `down` leaves nothing."""
     up = herald("up", "--detach", run_dir=tmp_path)
@@ -131,6 +132,7 @@ def test_cli_up_status_down(tmp_path: Path) -> None:
     assert after.returncode == 1 and "no Herald stack" in after.stdout
 
 
+@pytest.mark.integration  # a whole `herald up` stack
 def test_foreground_up_stops_everything_on_ctrl_c(tmp_path: Path) -> None:
     """What `make run` does: `herald up` in the foreground, then SIGINT."""
     import signal

@@ -143,11 +143,12 @@ class _ContactsShapes:
             if len(self._shapes) < self.MAX_SHAPES:
                 self._shapes[shape] = made
             return made
-        device = Device.made
+        new = tuple.__new__  # a Device, without its __new__'s arguments handling
         return made.with_addresses(
             rec["user_id"], int(rec.get("version", 0)),
-            tuple([device(d["device_id"], d["platform"], d["token"], d.get("app_id"),
-                          d.get("valid", True), d.get("verified", False)) for d in devices]),
+            tuple([new(Device, (d["device_id"], d["platform"], d["token"], d.get("app_id"),
+                                d.get("valid", True), d.get("verified", False)))
+                   for d in devices]),
             number, address,
         )  # fmt: skip
 

@@ -90,8 +90,10 @@ class CopyCache(Generic[S]):
 
 
 class _PrefsShapes:
-    """Preferences from a copy's bytes: one validation per distinct set of choices (all the
-    fields but user_id and version), shared by the users who made them."""
+    """Preferences from a copy's bytes: one validation and one object per distinct set of
+    choices (all the fields but user_id and version), shared by the users who made them. Its
+    user_id is "" and its version 0: planning reads neither (the view's user_id is the user's),
+    and a user's own Preferences would cost one more object per user read."""
 
     MAX_SHAPES = 100_000
 
@@ -110,10 +112,10 @@ class _PrefsShapes:
         )  # fmt: skip
         made = self._shapes.get(shape)
         if made is None:
-            made = Preferences.from_record(rec)
+            made = Preferences.from_record(rec).for_user("", 0)  # nobody's: see the class doc
             if len(self._shapes) < self.MAX_SHAPES:
                 self._shapes[shape] = made
-        return made.for_user(rec["user_id"], int(rec.get("version", 0)))
+        return made
 
 
 class _ContactsShapes:
@@ -205,9 +207,7 @@ class UserState:
                 raw_prefs, raw_contacts = values[i], values[n + i]
                 i += 1
                 try:
-                    prefs = (
-                        _NO_PREFS.for_user(user, 0) if raw_prefs is None else prefs_of(raw_prefs)
-                    )
+                    prefs = _NO_PREFS if raw_prefs is None else prefs_of(raw_prefs)
                     contacts = (
                         _NO_CONTACTS.for_user(user, 0)
                         if raw_contacts is None

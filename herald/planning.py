@@ -150,7 +150,8 @@ class UserView:
 
     user_id: str
     params: UserParams
-    prefs: Preferences
+    prefs: Preferences  # the plan job shares one among users with the same choices (its
+    # user_id is "" then: dataflows/_copies.py); planning reads the choices only
     contacts: ContactPoints
 
 

@@ -52,10 +52,10 @@ def test_users_get_their_copies_state_defaults_without_one_and_bad_copies_are_re
     views = {v.user_id: v for p in planned for v in p.users}
     assert views[fresh].contacts == ContactPoints(fresh, email="new@x", email_verified=True,
                                                   version=7)  # fmt: skip
-    expected = Preferences(fresh, timezone="Europe/Zurich", locale="de", version=4)
+    expected = Preferences("", timezone="Europe/Zurich", locale="de")  # the shared choices
     assert views[fresh].prefs == expected
     assert views[fresh].prefs.policy_key is expected.policy_key  # interned: one class
-    assert views[plain].prefs == Preferences(plain)
+    assert views[plain].prefs == Preferences("")
     assert views[plain].contacts == ContactPoints(plain)
     assert views[plain].params == {"first_name": "P"}
     assert set(views) == {fresh, plain}  # the bad ones left out, and reported
@@ -122,7 +122,8 @@ PREFS = [
 
 def test_copies_parsed_by_shape_equal_the_records_parsed_in_full() -> None:
     """Users of one shape share a validation; each still gets their own ids, addresses and
-    version, and the same policy key object as a full parse."""
+    version, and the same policy key object as a full parse. Users with the same choices share
+    one Preferences (nobody's: user_id "", version 0)."""
     contacts, prefs = _ContactsShapes(), _PrefsShapes()
     for rec in CONTACTS:
         made, full = contacts(orjson.dumps(rec)), ContactPoints.from_record(rec)
@@ -131,4 +132,6 @@ def test_copies_parsed_by_shape_equal_the_records_parsed_in_full() -> None:
         assert [d.address for d in made.devices] == [d.address for d in full.devices]
     for rec in PREFS:
         made_p, full_p = prefs(orjson.dumps(rec)), Preferences.from_record(rec)
-        assert made_p == full_p and made_p.policy_key is full_p.policy_key, rec
+        assert made_p == full_p.for_user("", 0) and made_p.policy_key is full_p.policy_key, rec
+    a, b = (prefs(orjson.dumps(rec)) for rec in PREFS[:2])  # same choices, other users
+    assert a is b

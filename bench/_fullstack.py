@@ -100,7 +100,10 @@ class FullStack:
         env = state["env"]
         self.settings = HeraldSettings(
             kafka=KafkaSettings(bootstrap_servers=env["HERALD_KAFKA_BOOTSTRAP_SERVERS"]),
-            registry=RegistrySettings(path=Path(env["HERALD_REGISTRY_PATH"])),
+            registry=RegistrySettings(
+                url=env.get("HERALD_REGISTRY_URL") or None,
+                path=Path(env["HERALD_REGISTRY_PATH"]),
+            ),
             redis=RedisSettings(url=env["HERALD_REDIS_URL"]),  # the users job's positions
         )
         self.api = httpx.Client(

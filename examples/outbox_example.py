@@ -8,7 +8,8 @@
    the same tenant and request_id.
 
 Kafka and the registry come from the HERALD_* environment (as `herald up` exports it), e.g.
-`HERALD_KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:9092 HERALD_REGISTRY_PATH=.herald/run/registry`.
+`HERALD_KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:9092 HERALD_REGISTRY_URL=http://127.0.0.1:8081` (the
+`registry_url` of `herald status --json`).
 """
 
 from __future__ import annotations

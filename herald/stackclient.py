@@ -313,7 +313,10 @@ class StackClient:
             kafka=KafkaSettings(bootstrap_servers=env["HERALD_KAFKA_BOOTSTRAP_SERVERS"]),
             redis=RedisSettings(url=env["HERALD_REDIS_URL"]),
             clickhouse=ClickHouseSettings(dsn=env["HERALD_CLICKHOUSE_DSN"]),
-            registry=RegistrySettings(path=Path(env["HERALD_REGISTRY_PATH"])),
+            registry=RegistrySettings(
+                url=env.get("HERALD_REGISTRY_URL") or None,
+                path=Path(env["HERALD_REGISTRY_PATH"]),
+            ),
             run=RunSettings(run_dir=Path(self.state["run_dir"])),
         )
 

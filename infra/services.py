@@ -49,8 +49,10 @@ class Ctx:
         env = {
             "HERALD_EMBEDDED": "1",  # development defaults allowed (herald.config.RunSettings)
             "HERALD_RUN_DIR": str(self.run_dir),
-            "HERALD_REGISTRY_PATH": str(self.run_dir / "registry"),
+            "HERALD_REGISTRY_PATH": str(self.run_dir / "registry"),  # the registry's store
         }
+        if "registry" in ports:  # every Herald process talks to the registry over HTTP
+            env["HERALD_REGISTRY_URL"] = f"http://{host}:{ports['registry']}"
         if "kafka" in ports:
             env["HERALD_KAFKA_BOOTSTRAP_SERVERS"] = f"{host}:{ports['kafka']}"
         if "redis" in ports:
@@ -188,6 +190,31 @@ def _clickhouse_healthy(ctx: Ctx) -> bool:
     return _http_ok(f"http://{ctx.host}:{ctx.port('clickhouse')}/ping")
 
 
+def http_app(
+    name: str,
+    module: str,
+    url_name: str | None = None,
+    kind: str = "job",
+    env: Callable[[Ctx], dict[str, str]] | None = None,
+) -> Component:
+    """A Herald HTTP process (`python -m MODULE --host H --port P`) healthy on GET /healthz."""
+
+    def argv(ctx: Ctx) -> list[str]:
+        return [sys.executable, "-m", module, "--host", ctx.host, "--port", str(ctx.port(name))]
+
+    return Component(
+        name=name,
+        kind=kind,
+        argv=argv,
+        healthy=lambda ctx: _http_ok(f"http://{ctx.host}:{ctx.port(name)}/healthz"),
+        address=lambda ctx: f"http://{ctx.host}:{ctx.port(name)}",
+        ready_timeout=60.0,
+        ports=(name,),
+        url_name=url_name,
+        env=env,
+    )
+
+
 PROVIDER_SIMULATORS = ("apns", "fcm", "sms_a", "sms_b", "email")
 
 
@@ -256,9 +283,19 @@ CORE_SERVICES: list[Component] = [
     ),
 ]
 
+# The schema registry: Confluent's HTTP API over a file in the run directory (its store, so
+# ids survive a restart). Herald's own processes and any other producer use it by its URL
+# (HERALD_REGISTRY_URL, as with a production registry); it is the only process that opens
+# the file, so it must not be pointed at itself.
+REGISTRY = http_app(
+    "registry", "schemas.registry_server", url_name="registry", kind="service",
+    env=lambda _ctx: {"HERALD_REGISTRY_URL": ""},
+)  # fmt: skip
+
 # Everything `herald up` starts before Herald's own processes.
 SERVICES: list[Component] = [
     *CORE_SERVICES,
+    REGISTRY,
     *(simulator(name) for name in PROVIDER_SIMULATORS),
 ]
 
@@ -395,24 +432,6 @@ def bytewax_cluster(
     ]
 
 
-def http_app(name: str, module: str, url_name: str | None = None) -> Component:
-    """A Herald HTTP process (`python -m MODULE --host H --port P`) healthy on GET /healthz."""
-
-    def argv(ctx: Ctx) -> list[str]:
-        return [sys.executable, "-m", module, "--host", ctx.host, "--port", str(ctx.port(name))]
-
-    return Component(
-        name=name,
-        kind="job",
-        argv=argv,
-        healthy=lambda ctx: _http_ok(f"http://{ctx.host}:{ctx.port(name)}/healthz"),
-        address=lambda ctx: f"http://{ctx.host}:{ctx.port(name)}",
-        ready_timeout=60.0,
-        ports=(name,),
-        url_name=url_name,
-    )
-
-
 # How long the broker may hold an idle job's fetch (HERALD_KAFKA_FETCH_WAIT_MS): on Tansu a
 # record reaches an idle job after about a sixth of this on average (at most half), and each
 # waiting fetch costs the broker about log2(wait in ms) looks at its partitions
@@ -483,8 +502,6 @@ def jobs(processes: int = 1) -> list[Component]:
     Bytewax job with `processes` processes each, the dashboards."""
     return [
         http_app("api", "api", url_name="api"),
-        # the registry file over Confluent's HTTP API, for producers outside Herald
-        http_app("registry", "schemas.registry_server", url_name="registry"),
         *(
             component
             for name, flow, extra in BYTEWAX_JOBS

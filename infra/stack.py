@@ -6,11 +6,12 @@ One supervisor process owns a run directory:
     <run_dir>/state.json      pids, ports, addresses and URLs of every component
     <run_dir>/logs/<name>.log one log per component (and supervisor.log when detached)
     <run_dir>/data/<name>/    Redis AOF, chDB data directory
-    <run_dir>/registry/       file-backed schema registry
+    <run_dir>/registry/       the schema registry service's store
     <run_dir>/recovery/<job>/ Bytewax recovery partitions
 
-Start order: services (Kafka, Redis, ClickHouse) in parallel → bootstrap (topics, ClickHouse
-migrations) → jobs. Stop order is the reverse. A dead job is restarted with backoff (its
+Start order: services (Kafka, Redis, ClickHouse, the schema registry, the provider
+simulators) in parallel → bootstrap (topics, ClickHouse migrations) → jobs. Stop order is the
+reverse. A dead job is restarted with backoff (its
 recovery snapshots make that safe); a dead service is restarted too, and Kafka is
 re-bootstrapped because the embedded broker keeps everything in memory.
 """

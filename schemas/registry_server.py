@@ -4,11 +4,13 @@ clients use) in front of the run directory's registry file.
     python -m schemas.registry_server --host H --port P     (HERALD_REGISTRY_PATH: the file's
                                                               directory, as every Herald process)
 
-`herald up` runs it as the `registry` component; `herald status --json` gives its
-`registry_url`. Any Confluent client (confluent-kafka's `SchemaRegistryClient`, `AvroSerializer`
-and `AvroDeserializer`, the Java and Go serializers, `@kafkajs/confluent-schema-registry`)
-registers and reads Herald's schemas through it, with the same ids Herald's own processes use
-(they share the file: schemas/registry.py `FileRegistry`).
+`herald up` runs it as the `registry` service, before Herald's own processes; `herald status
+--json` gives its `registry_url`. It is the only process that opens the file
+(schemas/registry.py `FileRegistry`, its store: ids survive a restart). Herald's processes reach
+it as they would a production registry, by HERALD_REGISTRY_URL (schemas/registry.py
+`ConfluentRegistry`: confluent-kafka's `SchemaRegistryClient`), and so does any Confluent client
+(`AvroSerializer` and `AvroDeserializer`, the Java and Go serializers,
+`@kafkajs/confluent-schema-registry`): every producer sees the same ids.
 
     GET  /subjects                                    ["herald.requests.normal-value", ...]
     GET  /subjects/{subject}/versions                 [1, 2]

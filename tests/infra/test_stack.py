@@ -102,6 +102,7 @@ def test_cli_up_status_down(tmp_path: Path) -> None:
             "kafka",
             "redis",
             "clickhouse",
+            "registry",
             "sim-apns",
             "sim-fcm",
             "sim-sms_a",
@@ -118,7 +119,11 @@ def test_cli_up_status_down(tmp_path: Path) -> None:
         assert doc["dashboard_url"] and doc["dashboard_url"].startswith("http://127.0.0.1:")
         assert doc["api_url"] and doc["api_url"].startswith("http://127.0.0.1:")
         otp_travels_the_whole_pipeline(doc["api_url"])
-        # the registry Herald's processes write, over Confluent's API for other producers
+        # the registry service: Herald's processes registered their subjects through its URL,
+        # the one every other producer is given (no process but the service opens its file)
+        state = read_state(tmp_path)
+        assert state is not None and state["env"]["HERALD_REGISTRY_URL"] == doc["registry_url"]
+        assert doc["services"]["registry"]["kind"] == "service"
         subjects = httpx.get(f"{doc['registry_url']}/subjects", timeout=10).json()
         assert any("herald.requests.transactional" in s for s in subjects), subjects
         pids = [s["pid"] for s in doc["services"].values()]

@@ -15,6 +15,8 @@ A key without `types` may send every type of the catalog, without `segments` tar
 segment; with them, anything else is 403 `type_not_allowed` / `segment_not_allowed` (so the
 orders service's key cannot send `otp_login`); the segments list also bounds which segments the
 key may create, read and delete (api/segments.py). `scopes` name what a key may call at all.
+Requests produced to Kafka without the API are held to what the tenant's keys may send
+together (herald/tenants.py): a service that only produces is declared here with a key too.
 
 Keys are random high-entropy strings (`python -m api.auth new <tenant>`), so one SHA-256 is
 enough to make a stolen file useless (no password stretching needed, and lookups stay O(1)).

@@ -25,9 +25,7 @@ import orjson
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from herald.config import SmsLimits
-
-DEFAULT_TENANTS_FILE = Path(__file__).with_name("tenants.toml")
+from herald.config import DEFAULT_TENANTS_FILE, SmsLimits, TenantsFile
 
 
 class ProviderSecrets(BaseSettings):
@@ -83,12 +81,11 @@ class ProviderSecrets(BaseSettings):
         return str(self.simulator_credentials("email").get("webhook_public_key") or "")
 
 
-class ApiSettings(SmsLimits):
+class ApiSettings(SmsLimits, TenantsFile):
     """Limits, TTLs and abuse controls of the API."""
 
     model_config = SettingsConfigDict(env_prefix="HERALD_API_")
 
-    tenants_file: Path = DEFAULT_TENANTS_FILE
     catalog_file: Path | None = None
     # Externally visible base URL (Twilio signs the full URL it posted to); None = request URL.
     public_base_url: str | None = None

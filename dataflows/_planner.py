@@ -52,6 +52,7 @@ from herald.planning import (
 )
 from herald.policy import Decision
 from herald.states import State
+from herald.tenants import TenantTypes
 from sinks.kafka import dead_letter
 from sources.kafka import KafkaMessage
 
@@ -67,12 +68,18 @@ class Admission:
     """Validate decoded requests against the catalog, then drop duplicates (RequestGate)."""
 
     def __init__(
-        self, catalog: Catalog, settings: HeraldSettings, dedup_ttl_seconds: int, clock: Clock
+        self,
+        catalog: Catalog,
+        settings: HeraldSettings,
+        dedup_ttl_seconds: int,
+        clock: Clock,
+        tenants: TenantTypes | None = None,
     ) -> None:
         self.catalog = catalog
         self.settings = settings
         self.ttl = dedup_ttl_seconds
         self.clock = clock
+        self.tenants = tenants  # what other producers' tenants may send (herald/tenants.py)
         self._gate: RequestGate | None = None
 
     def __call__(
@@ -83,7 +90,7 @@ class Admission:
         for msg, rec in decoded:
             origin = f"{msg.topic}:{msg.partition}:{msg.offset}"
             try:
-                results.append(admit_request(rec, self.catalog, origin))
+                results.append(admit_request(rec, self.catalog, origin, self.tenants))
             except (CatalogLookupError, InvalidRequest) as exc:
                 log.warning("plan.bad_request offset=%d reason=%s", msg.offset, exc.code)
                 results.append(msg.dead_letter(exc.code, exc.detail, JOB))

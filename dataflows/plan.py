@@ -59,9 +59,10 @@ from dataflows._redis import redis_client
 from dataflows._requests import RequestSource
 from dataflows._settings import Clock, PlanningSettings, entry_settings
 from herald.catalog import TRAFFIC_CLASSES, Catalog, load_catalog
-from herald.config import HeraldSettings
+from herald.config import HeraldSettings, TenantsFile
 from herald.controls import PlanControls
 from herald.planning import AudienceBatch
+from herald.tenants import TenantTypes
 from schemas.registry import SchemaRegistry, make_registry
 from schemas.serde import AvroDeserializer
 from sinks.kafka import KafkaProducerSink, RecordBatch, batch_records
@@ -163,7 +164,8 @@ def _tasks(flow: Dataflow, p: _Parts, traffic_class: str, bounded: bool) -> Bran
     source = RequestSource(
         kafka, kafka.topic(f"herald.requests.{traffic_class}"),
         deserializer=AvroDeserializer(p.registry, "notification_request"),
-        admit=Admission(p.catalog, p.settings, p.planning.request_dedup_ttl_seconds, p.clock),
+        admit=Admission(p.catalog, p.settings, p.planning.request_dedup_ttl_seconds, p.clock,
+                        TenantTypes.load(TenantsFile().tenants_file)),
         audience=partial(ClickHouseAudience, p.settings.clickhouse),
         controls=lambda: PlanControls(redis_client(p.settings.redis)),
         batch_size=p.planning.audience_batch_size,

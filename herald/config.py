@@ -185,6 +185,21 @@ class SmsLimits(BaseSettings):
         )
 
 
+# The bundled tenants file: one development tenant whose key is public (refused outside the
+# embedded stack, api/settings.py).
+DEFAULT_TENANTS_FILE = Path(__file__).resolve().parents[1] / "api" / "tenants.toml"
+
+
+class TenantsFile(BaseSettings):
+    """Where the tenants and their keys are (HERALD_API_TENANTS_FILE; the format: api/auth.py).
+    The API authenticates keys with it; the plan job holds requests from other producers to
+    what their tenant's keys may send (herald/tenants.py)."""
+
+    model_config = SettingsConfigDict(env_prefix="HERALD_API_")
+
+    tenants_file: Path = DEFAULT_TENANTS_FILE
+
+
 DEV_LINKS_SECRET = "herald-dev-links-secret-change-me"  # public: refused outside `herald up`
 MIN_SECRET = 32
 

@@ -36,6 +36,7 @@ from typing import Any
 from herald.catalog import Catalog
 from herald.digest_config import DigestConfig, DigestText, parse_digest_config
 from herald.ids import digest_window_id, notification_id
+from herald.planning import DIGEST_SOURCE
 from herald.render import DIGEST_ACTORS, DIGEST_TOTAL, digest_line, encode_actors
 
 __all__ = [
@@ -384,5 +385,5 @@ def notification_request(
         "send_local_time": None,
         "expire_at": None,
         "accepted_at": accepted_at,
-        "source": "digest",
+        "source": DIGEST_SOURCE,
     }

@@ -15,12 +15,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from herald.catalog import Catalog, MissingParam, normalize_locale
 from herald.errors import HeraldError
 from herald.ids import notification_id
 from herald.policy import ContactPoints, PolicyRequest, Preferences
+
+if TYPE_CHECKING:
+    from herald.tenants import TenantTypes
 
 __all__ = [
     "AudienceBatch",
@@ -36,6 +39,7 @@ UserParams = Mapping[str, str] | None
 
 
 API_SOURCE = "api"  # `source` of the requests the API accepted (it made their ids)
+DIGEST_SOURCE = "digest"  # `source` of the requests the digest job made (herald/digest.py)
 
 
 class InvalidRequest(HeraldError):
@@ -74,12 +78,19 @@ class PlanRequest:
         return self.policy.template_version
 
 
-def admit_request(rec: Mapping[str, Any], catalog: Catalog, origin: str) -> PlanRequest:
+def admit_request(
+    rec: Mapping[str, Any],
+    catalog: Catalog,
+    origin: str,
+    tenants: TenantTypes | None = None,
+) -> PlanRequest:
     """Validate a decoded `NotificationRequest` against the catalog; raises with a `code`.
 
     Checks: a request another producer than the API wrote carries the id the API would give
     it (`notification_id_mismatch`: ids are how duplicates collide and how a tenant finds its
-    notification), known type (`unknown_notification_type`), existing pinned template version
+    notification), known type (`unknown_notification_type`), a tenant that may send it when
+    neither the API nor the digest job made the request (`unknown_tenant`, `type_not_allowed`:
+    herald/tenants.py; skipped without `tenants`), existing pinned template version
     (`unknown_template_version`), every required template param present (`missing_param:<name>`),
     a well-formed locale (`invalid_locale`), exactly one of user_ids / segment_id
     (`no_recipients`, `ambiguous_recipients`). The traffic class and category are the catalog's.
@@ -92,6 +103,10 @@ def admit_request(rec: Mapping[str, Any], catalog: Catalog, origin: str) -> Plan
             "a producer's notification_id must be ids.notification_id(tenant_id, request_id)",
         )
     nt = catalog.get(rec["notification_type"])
+    if tenants is not None and rec.get("source") not in (API_SOURCE, DIGEST_SOURCE):
+        refused = tenants.refusal(rec["tenant_id"], nt.name)
+        if refused is not None:
+            raise refused
     templates = nt.template_set(rec.get("template_version"))
     params: Mapping[str, str] = rec.get("params") or {}
     missing = sorted(templates.params.difference(params))

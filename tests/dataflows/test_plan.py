@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -216,12 +217,20 @@ def test_frequency_cap_and_duplicate_requests(settings: HeraldSettings) -> None:
 
 
 def test_producer_path_otps_meet_the_phone_limit_and_the_country_list(
-    settings: HeraldSettings, monkeypatch: pytest.MonkeyPatch
+    settings: HeraldSettings, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """OTPs that did not come through the API (a producer, or a record claiming "api" that the
     API never accepted) are charged per phone and checked against the SMS prefixes in plan, as
     the API would: over the limit or outside the list is a dead letter with the API's reason;
-    one the API accepted (and charged) is planned without a second charge."""
+    one the API accepted (and charged) is planned without a second charge. A producer's tenant
+    must have a key in the tenants file that may send the type (herald/tenants.py)."""
+    tenants = tmp_path / "tenants.toml"
+    tenants.write_text(
+        '[[tenants.acme.keys]]\nid = "a"\nsha256 = "00"\nscopes = []\ntypes = ["otp_login"]\n'
+        '[[tenants.orders.keys]]\nid = "o"\nsha256 = "01"\nscopes = []\n'
+        'types = ["order_shipped"]\n'
+    )
+    monkeypatch.setenv("HERALD_API_TENANTS_FILE", str(tenants))
     monkeypatch.setenv("HERALD_API_OTP_PER_PHONE", "[2, 600]")
     monkeypatch.setenv("HERALD_API_SMS_ALLOWED_PREFIXES", '["+41"]')
     p = settings.kafka.topic_prefix
@@ -236,15 +245,17 @@ def test_producer_path_otps_meet_the_phone_limit_and_the_country_list(
 
     nids: dict[str, str] = {}
 
-    def otp(name: str, user: str, source: str, nid: str | None = None) -> dict[str, Any]:
+    def otp(
+        name: str, user: str, source: str, nid: str | None = None, tenant: str = "acme"
+    ) -> dict[str, Any]:
         """A producer's request carries the id the API would give it (`ids.notification_id`);
         one claiming "api" any id (the API made it)."""
         request_id = f"r-{p}{name}"
         if nid is None:
-            nid = f"{p}{name}" if source == "api" else ids.notification_id("acme", request_id)
+            nid = f"{p}{name}" if source == "api" else ids.notification_id(tenant, request_id)
         nids[name] = nid
         return request(nid, "otp_login", users=[user], params={"code": "123456"},
-                       traffic_class="transactional", source=source,
+                       traffic_class="transactional", source=source, tenant_id=tenant,
                        request_id=request_id)  # fmt: skip
 
     requests = [
@@ -255,6 +266,8 @@ def test_producer_path_otps_meet_the_phone_limit_and_the_country_list(
         otp("forged", swiss, "api"),  # says "api", but the API never saw it
         otp("pump", pumped, "producer"),
         otp("made-up", swiss, "producer", nid=f"{p}made-up"),  # not the id the API would give
+        otp("stranger", swiss, "producer", tenant="stranger"),  # no key in the tenants file
+        otp("orders", swiss, "producer", tenant="orders"),  # its keys may not send otp_login
     ]
     send(settings, "herald.requests.transactional", requests, "notification_id")
 
@@ -268,4 +281,6 @@ def test_producer_path_otps_meet_the_phone_limit_and_the_country_list(
         charged - planned
     )
     assert letters[nids["pump"]] == "sms_prefix_not_allowed"
-    assert letters[nids["made-up"]] == "notification_id_mismatch" and len(letters) == 4
+    assert letters[nids["made-up"]] == "notification_id_mismatch"
+    assert letters[nids["stranger"]] == "unknown_tenant"
+    assert letters[nids["orders"]] == "type_not_allowed" and len(letters) == 6

@@ -80,9 +80,11 @@ class NotificationsFastPath:
             return validation_problem(exc.errors(), prefix=("body",))
         ip = headers.get(b"x-end-user-ip")
         device = headers.get(b"x-end-user-device")
+        trace = headers.get(b"traceparent")
         return await accept(
             self.st, tenant, body, ip.decode("latin-1") if ip else None,
             device.decode("latin-1") if device else None,
+            trace.decode("latin-1") if trace else None,
         )  # fmt: skip
 
 

@@ -265,6 +265,7 @@ def to_request_record(
     source: Literal["api", "producer", "outbox", "digest"] = "api",
     *,
     template_version: int | None = None,
+    traceparent: str | None = None,
 ) -> dict[str, Any]:
     """The `notification_request` record for an accepted API request (traffic_class from the
     catalog, accepted_at = when it is being made durable). `template_version`: the catalog's
@@ -289,6 +290,7 @@ def to_request_record(
         "expire_at": model.expire_at,
         "accepted_at": accepted_at,
         "source": source,
+        "traceparent": traceparent,
     }
 
 

@@ -29,6 +29,7 @@ from dataflows._metrics import CountOutputs
 from dataflows._otp_guard import OtpGuard
 from dataflows._redis import CapCharge, CapCounter, RequestGate, redis_client
 from dataflows._settings import Clock
+from herald import tracing
 from herald.catalog import Catalog, CatalogLookupError
 from herald.config import HeraldSettings, SmsLimits
 from herald.controls import PlanControls
@@ -89,6 +90,8 @@ class Admission:
         results: list[PlanRequest | DeadLetter | None] = []
         for msg, rec in decoded:
             origin = f"{msg.topic}:{msg.partition}:{msg.offset}"
+            if msg.headers:  # a producer's trace context may be a header (herald/tracing.py)
+                rec = {**rec, "traceparent": tracing.of_request(rec, msg.headers)}
             try:
                 results.append(admit_request(rec, self.catalog, origin, self.tenants))
             except (CatalogLookupError, InvalidRequest) as exc:

@@ -28,7 +28,7 @@ from bytewax.dataflow import Dataflow
 from dataflows._common import produce_with_dead_letters
 from dataflows._metrics import CountOutputs
 from dataflows._runtime import configure_process
-from herald import ids
+from herald import ids, tracing
 from herald.catalog import is_otp_type
 from herald.config import HeraldSettings
 from herald.metrics import JobMetrics
@@ -84,11 +84,15 @@ def accepted_event(request: Mapping[str, Any], recorded_at: datetime) -> dict[st
         "recorded_at": recorded_at,
         "attributes": attributes,
         "generation": 0,
+        "traceparent": request.get("traceparent"),
     }
 
 
 def _to_event(decoded: Decoded) -> dict[str, Any]:
-    return accepted_event(decoded.value, datetime.now(UTC))
+    request, headers = decoded.value, decoded.message.headers
+    if headers:  # a producer's trace context may be a header (herald/tracing.py)
+        request = {**request, "traceparent": tracing.of_request(request, headers)}
+    return accepted_event(request, datetime.now(UTC))
 
 
 def _delivery_id(event: Mapping[str, Any]) -> str:

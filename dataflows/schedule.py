@@ -87,6 +87,7 @@ class EntryParser:
             release, did, deliveries_topic(d["channel"], d["traffic_class"]), msg.value or b"",
             d["expire_at"], d["notification_id"], d["user_id"], d["tenant_id"],
             d["notification_type"], d["channel"], d["traffic_class"], int(d.get("generation") or 0),
+            d.get("traceparent"),
         )  # fmt: skip
         return bucket_key(release, did, self.bucket_seconds, self.shards), entry
 
@@ -148,6 +149,7 @@ def expired_event(entry: ScheduledEntry, now: datetime) -> dict[str, Any]:
         "occurred_at": now,
         "recorded_at": now,
         "attributes": {"held_until": entry.release.isoformat()},
+        "traceparent": getattr(entry, "traceparent", None),  # None in an older snapshot's
         "generation": generation,
     }
 

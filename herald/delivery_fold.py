@@ -150,6 +150,7 @@ class Context:
     provider_accepted_at: datetime | None = None
     address_tag: str | None = None  # of the address the accepted attempt went to
     generation: int = 0  # DLQ replays of the delivery (the latest generation seen)
+    traceparent: str | None = None  # herald/tracing.py
 
     @classmethod
     def of(cls, event: Mapping[str, Any]) -> Context:
@@ -163,6 +164,7 @@ class Context:
             channel=str(event["channel"]),
             traffic_class=str(event["traffic_class"]),
             generation=event_generation(event),
+            traceparent=event.get("traceparent"),
         )
         ctx.learn(event)
         return ctx
@@ -170,6 +172,8 @@ class Context:
     def learn(self, event: Mapping[str, Any]) -> None:
         """Take provider, message id, attempt and timings from a later event."""
         attempt = int(event.get("attempt") or 0)
+        if event.get("traceparent") and not getattr(self, "traceparent", None):
+            self.traceparent = event["traceparent"]
         if event.get("provider") and attempt >= self.attempt:
             self.provider = event["provider"]
             self.provider_msg_id = event.get("provider_msg_id") or self.provider_msg_id
@@ -458,6 +462,7 @@ class DeliveryFold:
             or ctx.provider_msg_id,
             "attempt": ctx.attempt, "latency_ms": latency, "occurred_at": occurred,
             "recorded_at": now, "attributes": attributes, "generation": generation,
+            "traceparent": getattr(ctx, "traceparent", None),  # None in an older snapshot's
         }  # fmt: skip
 
     def snapshot(self) -> DeliveryFold:

@@ -386,4 +386,5 @@ def notification_request(
         "expire_at": None,
         "accepted_at": accepted_at,
         "source": DIGEST_SOURCE,
+        "traceparent": None,  # many events, no one request's trace
     }

@@ -231,6 +231,7 @@ def event(
         "recorded_at": now,
         "attributes": dict(attributes or {}),
         "generation": generation,
+        "traceparent": delivery.get("traceparent"),
     }
 
 

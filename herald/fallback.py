@@ -280,4 +280,5 @@ def _event(
         "occurred_at": now,
         "recorded_at": now,
         "attributes": dict(attributes),
+        "traceparent": delivery.get("traceparent"),
     }

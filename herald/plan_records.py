@@ -287,6 +287,7 @@ def event_record(
         "occurred_at": now,
         "recorded_at": now,
         "attributes": dict(attributes) if attributes else {},
+        "traceparent": request.traceparent,
     }
 
 
@@ -356,6 +357,7 @@ def _delivery(
         "fallback": list(send.fallback),
         "created_at": now,
         "fallback_content": fallback_content,
+        "traceparent": request.traceparent,
     }
 
 

@@ -21,6 +21,7 @@ from herald.catalog import Catalog, MissingParam, normalize_locale
 from herald.errors import HeraldError
 from herald.ids import notification_id
 from herald.policy import ContactPoints, PolicyRequest, Preferences
+from herald.tracing import traceparent
 
 if TYPE_CHECKING:
     from herald.tenants import TenantTypes
@@ -71,6 +72,7 @@ class PlanRequest:
     origin: str
     send_local_time: str | None = None
     source: str = "api"  # who produced the record: api | producer | outbox | digest
+    traceparent: str | None = None  # W3C trace context, carried onto every record (tracing)
 
     @property
     def template_version(self) -> int | None:
@@ -133,6 +135,7 @@ def admit_request(
         origin=origin,
         send_local_time=rec.get("send_local_time"),
         source=str(rec.get("source") or ""),
+        traceparent=traceparent(rec.get("traceparent")),
     )
 
 

@@ -30,7 +30,7 @@ from typing import Any, cast
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from pydantic import ValidationError
 
-from herald import ids
+from herald import ids, tracing
 from herald.catalog import Catalog, load_catalog
 from herald.config import HeraldSettings, KafkaSettings
 from herald.errors import DeliveryError, HeraldError
@@ -100,9 +100,13 @@ class HeraldProducer:
         return cls(settings.kafka, make_registry(settings.registry), tenant_id=tenant_id, **kwargs)
 
     def notification_record(
-        self, request: Mapping[str, Any] | Any, accepted_at: datetime | None = None
+        self,
+        request: Mapping[str, Any] | Any,
+        accepted_at: datetime | None = None,
+        traceparent: str | None = None,
     ) -> tuple[str, dict[str, Any]]:
-        """Validate `request` (dict or NotificationCreate); returns (topic, record)."""
+        """Validate `request` (dict or NotificationCreate); returns (topic, record).
+        `traceparent`: the caller's W3C trace context, kept when valid (herald/tracing.py)."""
         from api.intake import check_against_catalog
         from api.models import NotificationCreate, TrafficClass, to_request_record
         from api.problems import ProblemError
@@ -131,14 +135,18 @@ class HeraldProducer:
             when,
             self.source,  # type: ignore[arg-type]
             template_version=nt.template_version,
+            traceparent=tracing.traceparent(traceparent),
         )
         return f"herald.requests.{nt.traffic_class}", record
 
     def send_notification(
-        self, request: Mapping[str, Any] | Any, on_delivery: OnDelivery | None = None
+        self,
+        request: Mapping[str, Any] | Any,
+        on_delivery: OnDelivery | None = None,
+        traceparent: str | None = None,
     ) -> str:
         """Queue one notification request; returns its notification_id."""
-        topic, record = self.notification_record(request)
+        topic, record = self.notification_record(request, traceparent=traceparent)
         self._produce(topic, record["notification_id"], record, on_delivery)
         return str(record["notification_id"])
 

@@ -95,6 +95,7 @@ class ScheduledEntry:
     channel: str = field(compare=False, default="")
     traffic_class: str = field(compare=False, default="")
     generation: int = field(compare=False, default=0)  # DLQ replays of the delivery (herald.dlq)
+    traceparent: str | None = field(compare=False, default=None)  # herald/tracing.py
 
     def expired(self, now: datetime) -> bool:
         """True when the delivery may no longer be attempted."""

@@ -99,6 +99,7 @@ class KafkaMessage:
     key: bytes | None
     value: bytes | None
     timestamp_ms: int | None = None
+    headers: tuple[tuple[str, bytes | None], ...] | None = None  # None: the record has none
 
     @property
     def timestamp(self) -> datetime | None:
@@ -241,6 +242,7 @@ class KafkaPartition(StatefulSourcePartition[KafkaMessage, int | None]):
             key=cast(bytes | None, msg.key()),
             value=cast(bytes | None, msg.value()),
             timestamp_ms=ts if ts_type else None,
+            headers=_headers(msg),
         )
 
     def next_awake(self) -> None:
@@ -255,6 +257,15 @@ class KafkaPartition(StatefulSourcePartition[KafkaMessage, int | None]):
     def close(self) -> None:
         """Called when a finite (stop_at_end) dataflow completes."""
         self._feed.close()
+
+
+def _headers(msg: Message) -> tuple[tuple[str, bytes | None], ...] | None:
+    headers = msg.headers()  # a list of (name, value) pairs as read, or None
+    if not headers:
+        return None
+    pairs = headers.items() if isinstance(headers, dict) else headers
+    return tuple((name, value.encode() if isinstance(value, str) else value)
+                 for name, value in pairs)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)

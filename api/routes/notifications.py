@@ -47,7 +47,7 @@ from api.state import (
     to_ms,
 )
 from api.status import NotificationStatus, read_status
-from herald import ids
+from herald import ids, tracing
 from herald.status_keys import request_header
 
 log = logging.getLogger(__name__)
@@ -115,15 +115,21 @@ async def create_notification(body: NotificationCreate, request: Request) -> Res
     tenant = authenticate(request, "notifications:write")
     headers = request.headers
     return await accept(
-        st, tenant, body, headers.get("x-end-user-ip"), headers.get("x-end-user-device")
+        st,
+        tenant,
+        body,
+        headers.get("x-end-user-ip"),
+        headers.get("x-end-user-device"),
+        headers.get("traceparent"),
     )
 
 
 async def accept(
     st: AppState, tenant: Tenant, body: NotificationCreate, end_user_ip: str | None,
-    end_user_device: str | None,
+    end_user_device: str | None, trace: str | None = None,
 ) -> Response:  # fmt: skip
-    """The accept pipeline for an authenticated tenant and a parsed body."""
+    """The accept pipeline for an authenticated tenant and a parsed body; `trace` is the
+    request's `traceparent` header (kept when valid, herald/tracing.py)."""
     now = now_utc()
     nt = check_against_catalog(body, st.catalog)
     check_authority(st, tenant, nt.name, body.recipients.segment_id)
@@ -161,7 +167,7 @@ async def accept(
             return _accepted(nid, int(held_ms))
     record = to_request_record(
         body, nid, tenant.tenant_id, nt.traffic_class, now,  # type: ignore[arg-type]
-        template_version=nt.template_version,
+        template_version=nt.template_version, traceparent=tracing.traceparent(trace),
     )  # fmt: skip
     try:
         if otp and outcome != "exists":  # a retry of a request in flight was charged already

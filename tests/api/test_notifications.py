@@ -41,6 +41,18 @@ def test_accept_writes_to_the_class_topic_before_202(api: RunningApi) -> None:
     assert record["template_version"] == current >= 1
 
 
+def test_a_traceparent_header_travels_on_the_request_record(api: RunningApi) -> None:
+    """A valid W3C traceparent is kept on the record; an invalid one is dropped, never refused
+    (herald/tracing.py)."""
+    trace = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    with api.client() as http:
+        for value in (trace, "00-garbage"):
+            resp = http.post("/v1/notifications", json=body(), headers={"traceparent": value})
+            assert resp.status_code == 202, resp.text
+    records = api.read_topic("herald.requests.normal", 2)
+    assert [record["traceparent"] for _key, record in records] == [trace, None]
+
+
 def test_class_comes_from_the_catalog(api: RunningApi) -> None:
     with api.client() as http:
         resp = http.post(

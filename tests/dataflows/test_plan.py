@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import redis
 from bytewax.testing import run_main
+from confluent_kafka import Producer
 from prometheus_client import REGISTRY
 
 from dataflows._settings import PlanningSettings
@@ -17,7 +18,7 @@ from dataflows.plan import build_flow
 from herald import ids
 from herald.caps import cap_key
 from herald.config import HeraldSettings
-from tests.dataflows.helpers import produce
+from tests.dataflows.helpers import encoder, produce
 from tests.dataflows.jobs import (
     CAMPAIGN,
     DEAD_LETTERS,
@@ -284,3 +285,41 @@ def test_producer_path_otps_meet_the_phone_limit_and_the_country_list(
     assert letters[nids["made-up"]] == "notification_id_mismatch"
     assert letters[nids["stranger"]] == "unknown_tenant"
     assert letters[nids["orders"]] == "type_not_allowed" and len(letters) == 6
+
+
+TRACE = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+OTHER_TRACE = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+def test_a_requests_trace_context_reaches_every_record_planned_from_it(
+    settings: HeraldSettings,
+) -> None:
+    """A traceparent in the request record, or in a Kafka header of a record without one, is on
+    every Delivery and delivery_event of the notification, for users planned from a template and
+    in full alike; an invalid one is dropped (herald/tracing.py)."""
+    p = settings.kafka.topic_prefix
+    users = [f"{p}t{i}" for i in range(8)]  # one class: all but the first from a template
+    send(settings, "herald.devices", [contacts(u) for u in users], "user_id")
+    in_field = request(f"{p}field", "marketing_campaign", users=users, params=CAMPAIGN,
+                       traceparent=TRACE)  # fmt: skip
+    in_header = request(f"{p}header", "marketing_campaign", users=users[:4], params=CAMPAIGN)
+    invalid = request(f"{p}invalid", "marketing_campaign", users=users[:1], params=CAMPAIGN,
+                      traceparent="00-not-a-trace")  # fmt: skip
+    send(settings, "herald.requests.bulk", [in_field, invalid], "notification_id")
+    encode = encoder(settings, "herald.requests.bulk")
+    producer = Producer({**settings.kafka.client_config(), "acks": "all"})
+    producer.produce(settings.kafka.topic("herald.requests.bulk"), encode(in_header),
+                     in_header["notification_id"].encode(),
+                     headers=[("traceparent", OTHER_TRACE.encode())])  # fmt: skip
+    assert producer.flush(30) == 0
+
+    run_bounded(settings)
+
+    expected = {in_field["notification_id"]: TRACE, in_header["notification_id"]: OTHER_TRACE,
+                invalid["notification_id"]: None}  # fmt: skip
+    deliveries = [d for t in ("herald.deliveries.push.bulk", "herald.deliveries.email.bulk")
+                  for d in read(settings, t) if d["notification_id"] in expected]  # fmt: skip
+    events = [e for e in read(settings, EVENTS) if e["notification_id"] in expected]
+    assert len(deliveries) == 2 * (8 + 4 + 1) and len(events) == len(deliveries)
+    for record in deliveries + events:
+        assert record["traceparent"] == expected[record["notification_id"]], record

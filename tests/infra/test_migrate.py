@@ -41,6 +41,7 @@ DELIVERY_EVENT_COLUMNS = {
     "recorded_at": "DateTime64(3, 'UTC')",
     "attributes": "Map(String, String)",
     "generation": "UInt16",
+    "traceparent": "Nullable(String)",
 }
 
 

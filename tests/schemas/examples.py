@@ -30,6 +30,7 @@ def _notification_request() -> dict[str, Any]:
         "expire_at": NOW,
         "accepted_at": NOW,
         "source": "api",
+        "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
     }
 
 
@@ -119,6 +120,7 @@ def _delivery() -> dict[str, Any]:
         ],
         "generation": 1,
         "sealed": None,
+        "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
     }
 
 
@@ -160,6 +162,7 @@ def _delivery_event() -> dict[str, Any]:
         "recorded_at": NOW,
         "attributes": {"http_status": "200"},
         "generation": 1,
+        "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
     }
 
 

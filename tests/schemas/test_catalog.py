@@ -89,5 +89,5 @@ def test_delivery_event_fields_are_the_clickhouse_contract() -> None:
         "event_id", "delivery_id", "notification_id", "user_id", "tenant_id",
         "notification_type", "channel", "traffic_class", "state", "reason", "provider",
         "provider_msg_id", "attempt", "latency_ms", "occurred_at", "recorded_at", "attributes",
-        "generation",
+        "generation", "traceparent",
     ]  # fmt: skip

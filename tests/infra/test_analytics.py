@@ -36,6 +36,7 @@ def event(
         "notification_type": "order_shipped", "channel": channel, "traffic_class": "normal",
         "state": state, "reason": None, "provider": None, "provider_msg_id": None, "attempt": 1,
         "latency_ms": None, "occurred_at": at, "recorded_at": at, "attributes": {}, "generation": 0,
+        "traceparent": None,
         **changes,
     }  # fmt: skip
 

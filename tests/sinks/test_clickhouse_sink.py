@@ -59,6 +59,7 @@ def events(count: int, *, start: int = 0) -> list[dict[str, Any]]:
             "attempt": i % 4, "latency_ms": None if i % 7 == 0 else i,
             "occurred_at": now + timedelta(milliseconds=i), "recorded_at": now,
             "attributes": {"http_status": "200"} if i % 2 else {}, "generation": i % 2,
+            "traceparent": None if i % 2 else f"00-{i:032x}-{i + 1:016x}-01",
         }
         for i in range(start, start + count)
     ]  # fmt: skip

@@ -33,8 +33,12 @@ def herald(*args: str, run_dir: Path, timeout: float = 240) -> subprocess.Comple
 DEV_KEY = {"X-API-Key": "hk_dev_local_do_not_use_in_production"}
 
 
-def otp_travels_the_whole_pipeline(api: str) -> None:
-    """API → plan → dispatch → SMS simulator → signed status callback → receipts → DELIVERED."""
+TRACE = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+def otp_travels_the_whole_pipeline(api: str, clickhouse: str) -> None:
+    """API → plan → dispatch → SMS simulator → signed status callback → receipts → DELIVERED;
+    the traceparent it was accepted with is on every event ClickHouse holds of it."""
     import httpx
 
     with httpx.Client(base_url=api, headers=DEV_KEY, timeout=10) as client:
@@ -46,7 +50,7 @@ def otp_travels_the_whole_pipeline(api: str) -> None:
             "recipients": {"user_ids": ["e2e-user"]},
             "params": {"code": "482913"},
         }
-        accepted = client.post("/v1/notifications", json=body)
+        accepted = client.post("/v1/notifications", json=body, headers={"traceparent": TRACE})
         assert accepted.status_code == 202, accepted.text
         nid = accepted.json()["notification_id"]
         deadline = time.monotonic() + 90
@@ -60,6 +64,30 @@ def otp_travels_the_whole_pipeline(api: str) -> None:
         assert sms["state"] == "DELIVERED", f"{sms} in {status}"
         assert sms["provider"] in ("sms_a", "sms_b")
         assert sms["layers"]["provider_accepted"] == "yes"
+    traced_in_clickhouse(clickhouse, nid)
+
+
+def traced_in_clickhouse(dsn: str, nid: str) -> None:
+    """Every job's events of `nid` reach ClickHouse with the notification's traceparent."""
+    from herald.config import ClickHouseSettings
+    from infra.clickhouse import herald_client
+
+    client = herald_client(ClickHouseSettings(dsn=dsn))
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            rows = client.query(
+                "SELECT state, traceparent FROM delivery_events WHERE notification_id = {n:String}",
+                parameters={"n": nid},
+            ).result_rows
+            states = {state for state, _ in rows}
+            if "DELIVERED" in states or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+    finally:
+        client.close()
+    assert {"ACCEPTED", "PLANNED", "PROVIDER_ACCEPTED", "DELIVERED"} <= states, rows
+    assert {trace for _, trace in rows} == {TRACE}, rows
 
 
 def test_second_start_is_refused_and_stop_leaves_nothing(tmp_path: Path) -> None:
@@ -118,7 +146,7 @@ def test_cli_up_status_down(tmp_path: Path) -> None:
             assert doc["services"][job]["healthy"], doc["services"][job]
         assert doc["dashboard_url"] and doc["dashboard_url"].startswith("http://127.0.0.1:")
         assert doc["api_url"] and doc["api_url"].startswith("http://127.0.0.1:")
-        otp_travels_the_whole_pipeline(doc["api_url"])
+        otp_travels_the_whole_pipeline(doc["api_url"], doc["services"]["clickhouse"]["address"])
         # the registry service: Herald's processes registered their subjects through its URL,
         # the one every other producer is given (no process but the service opens its file)
         state = read_state(tmp_path)

@@ -47,6 +47,8 @@ SCENARIOS: dict[str, tuple[str, float]] = {
     # bad inputs of every kind against the API, the callbacks and the topics of a whole stack
     "hostile": ("bench.hostile:result", 1200),
     "recovery": ("bench._adapters:recovery", 900),
+    # Herald's own Avro code beside confluent-kafka's serializers (why it is kept)
+    "serde": ("bench.serde:result", 300),
 }
 # Scenarios whose module another piece of work adds; absent → "not run", never a failure.
 OPTIONAL = {"recovery": "bench.recovery"}

@@ -29,12 +29,12 @@ from __future__ import annotations
 import hashlib
 import secrets
 import sys
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
 from herald import links
 from herald.errors import ConfigError
+from herald.tenants import read_tenants_file
 
 SCOPES = frozenset(
     {
@@ -127,11 +127,7 @@ class Tenants:
     @classmethod
     def load(cls, path: Path) -> Tenants:
         """Parse and validate a tenants file; raises ConfigError naming the bad entry."""
-        try:
-            raw = tomllib.loads(path.read_text(encoding="utf-8"))
-        except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise ConfigError(f"tenants file {path}: {exc}") from exc
-        return cls.from_dict(raw, str(path))
+        return cls.from_dict(read_tenants_file(path), str(path))
 
     @classmethod
     def from_dict(cls, raw: dict, source: str = "<memory>") -> Tenants:  # type: ignore[type-arg]

@@ -18,11 +18,21 @@ from __future__ import annotations
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from herald.errors import ConfigError
 from herald.planning import InvalidRequest
 
-__all__ = ["TenantTypes"]
+__all__ = ["TenantTypes", "read_tenants_file"]
+
+
+def read_tenants_file(path: Path) -> dict[str, Any]:
+    """The tenants file as TOML tables (api/auth.py validates its keys); raises ConfigError
+    when it cannot be read or parsed."""
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"tenants file {path}: {exc}") from exc
 
 
 class TenantTypes:
@@ -34,10 +44,7 @@ class TenantTypes:
     @classmethod
     def load(cls, path: Path) -> TenantTypes:
         """Read the tenants file; raises ConfigError when it cannot be read."""
-        try:
-            raw = tomllib.loads(path.read_text(encoding="utf-8"))
-        except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise ConfigError(f"tenants file {path}: {exc}") from exc
+        raw = read_tenants_file(path)
         types: dict[str, frozenset[str] | None] = {}
         for tenant_id, tenant in (raw.get("tenants") or {}).items():
             keys = tenant.get("keys") or []

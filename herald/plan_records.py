@@ -256,6 +256,12 @@ class Renderer:
             self._bound.popitem(last=False)
 
 
+def _trace(request: PlanRequest) -> str | None:
+    """The request's traceparent; None for a request restored from a plan job snapshot taken
+    before requests had one (a pending segment expansion, dataflows/_requests.py)."""
+    return getattr(request, "traceparent", None)
+
+
 def event_record(
     request: PlanRequest,
     user_id: str,
@@ -287,7 +293,7 @@ def event_record(
         "occurred_at": now,
         "recorded_at": now,
         "attributes": dict(attributes) if attributes else {},
-        "traceparent": request.traceparent,
+        "traceparent": _trace(request),
     }
 
 
@@ -357,7 +363,7 @@ def _delivery(
         "fallback": list(send.fallback),
         "created_at": now,
         "fallback_content": fallback_content,
-        "traceparent": request.traceparent,
+        "traceparent": _trace(request),
     }
 
 

@@ -11,6 +11,9 @@ from dataflows.schedule import expired_event
 from herald import tracing
 from herald.delivery_fold import Context
 from herald.dispatching import event
+from herald.plan_records import event_record
+from herald.planning import PlanRequest
+from herald.policy import PolicyRequest
 from herald.scheduling import ScheduledEntry
 from herald.states import State
 from tests.schemas.examples import example
@@ -80,3 +83,14 @@ def test_every_job_puts_the_trace_on_the_events_it_makes() -> None:
     untraced = Context.of({**example("delivery_event"), "traceparent": None})
     untraced.learn(example("delivery_event"))  # an earlier event that had it
     assert untraced.traceparent == example("delivery_event")["traceparent"]
+
+
+def test_a_request_from_a_snapshot_older_than_traces_plans_without_one() -> None:
+    """A pending segment expansion restored from a plan job snapshot taken before requests
+    carried a traceparent still plans (its records have none)."""
+    request = PlanRequest("n-1", "r", "t", "marketing_campaign", "marketing", "bulk", {},
+                          PolicyRequest("x"), None, "t:0:1", traceparent=TRACE)  # fmt: skip
+    old = object.__new__(PlanRequest)
+    old.__setstate__(request.__getstate__()[:-1])  # type: ignore[attr-defined]
+    assert event_record(request, "u", "push", "d", State.PLANNED, None, NOW)["traceparent"] == TRACE
+    assert event_record(old, "u", "push", "d", State.PLANNED, None, NOW)["traceparent"] is None

@@ -38,7 +38,7 @@ def traceparent(value: str | bytes | None) -> str | None:
             value = value.decode("ascii")
         except UnicodeDecodeError:
             return None
-    match = _FORMAT.match(value)
+    match = _FORMAT.fullmatch(value)  # `$` alone would let a trailing newline through
     if match is None:
         return None
     version, trace, parent, _flags, rest = match.groups()

@@ -46,6 +46,7 @@ def test_valid_traceparents_are_kept_as_given(value: str | bytes) -> None:
         "00-00000000000000000000000000000000-00f067aa0ba902b7-01",  # zero trace id
         "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",  # zero parent id
         TRACE + "-extra",  # version 00 has four fields
+        TRACE + "\n",  # a header value with a line break
         b"\xff\xfe",
         "0" * 600,
     ],

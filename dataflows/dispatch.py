@@ -97,7 +97,7 @@ def build_flow(
         dispatch = dispatch or DispatchSettings()
         if serving is not None:
             _breaker_metrics(settings, dispatch)
-    dispatch = dispatch or DispatchSettings()
+    dispatch = (dispatch or DispatchSettings()).for_job(channel, traffic_class)
     registry = make_registry(settings.registry)
     flow = Dataflow(f"dispatch_{channel}_{traffic_class}")
     deliveries = kafka_avro_input(

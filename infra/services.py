@@ -345,6 +345,22 @@ def _users_restored(ctx: Ctx) -> bool:
 # restart is mostly imports. Each spare costs ~60 MB of memory and no CPU while it waits.
 SPARES = frozenset({"plan_transactional", "dispatch_transactional"})
 
+# Processes that yield the CPU to the sending path when the machine is saturated (a nice value
+# added at start, to the process and to its session's autogroup; 0 for everything else). They
+# record what happened rather than make it happen: during a 50k push campaign on 2 cores the
+# receipts fold, the warehouse and ClickHouse took ~90 % of one core and the dispatch job drained
+# ~2,000 sends/s; with receipts and warehouse paused it drained 4,250/s, niced (19) 2,950/s
+# (bench/results/fullstack_session18). Niced, they fall behind while a campaign saturates the
+# machine and catch up after it: the status API and ClickHouse trail the sends by that much.
+# Idle, nice changes nothing.
+NICE = {"receipts": 19, "warehouse": 19, "clickhouse": 19}
+
+
+def nice_of(component: Component) -> int:
+    """The nice value `component`'s process starts with (see NICE)."""
+    return NICE.get(component.job or component.name, 0)
+
+
 # Seconds between a job's recovery snapshots, which are also its epochs. Each epoch's commit
 # runs Bytewax's garbage collection of old snapshots, a GROUP BY over every key the job holds
 # state for: the receipts job holds one per delivery for days, so at 5 s its commits alone kept
@@ -445,6 +461,10 @@ FETCH_WAIT_MS = {
     # user-facing normal traffic (comments, orders)
     "plan_normal": 200,
     "dispatch_normal": 200,
+    # a push campaign's first send waited up to 2 s at each of these two after an idle spell,
+    # 3.6 s in all with planning, a third of a 50k campaign's drain (fullstack_session18)
+    "plan_bulk": 1000,
+    "dispatch_bulk_push": 1000,
 }
 # every other job: campaigns, digests, holds, receipts, loads (a campaign's first record waits
 # for the broker at most this long after an idle spell; under load fetches return full)

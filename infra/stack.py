@@ -37,7 +37,7 @@ from typing import IO, Any
 from herald.config import ClickHouseSettings, KafkaSettings
 from herald.errors import AlreadyRunningError, InfraError
 from infra.process import ManagedProcess, free_port, kill_group, pid_alive, wait_until
-from infra.services import SERVICES, Component, Ctx, jobs
+from infra.services import SERVICES, Component, Ctx, jobs, nice_of
 
 log = logging.getLogger(__name__)
 
@@ -191,6 +191,7 @@ class Stack:
             argv=component.argv(self.ctx),
             log_path=self.run_dir / "logs" / f"{component.name}.log",
             env={**self.ctx.child_env(), **(component.env(self.ctx) if component.env else {})},
+            nice=nice_of(component),
         )
 
     def _start_spare(self, component: Component) -> None:

@@ -206,3 +206,14 @@ def test_settings_refuse_a_pending_ttl_shorter_than_a_guard_hold() -> None:
     cfg = DispatchSettings(rates={"sms_a": {"rate": 100, "reserved": 30}})
     assert cfg.provider_rates()["sms_a"].cap == 30
     assert cfg.backoff_for("bulk").max_attempts == 8
+
+
+def test_a_channels_bulk_job_reads_and_dispatches_its_own_slices() -> None:
+    cfg = DispatchSettings(max_slice=500, batch_size=400, bulk_slices={"push": 6000})
+    push = cfg.for_job("push", "bulk")
+    assert (push.max_slice, push.batch_size) == (6000, 6000)
+    for channel, cls in (("push", "transactional"), ("email", "bulk"), ("all", "normal")):
+        assert cfg.for_job(channel, cls) is cfg
+    assert DispatchSettings().for_job("push", "bulk").max_slice == 8000
+    with pytest.raises(ValidationError):
+        DispatchSettings(bulk_slices={"push": 0})

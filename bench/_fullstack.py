@@ -179,10 +179,15 @@ class FullStack:
         )
 
     def quiesce(
-        self, topics: tuple[str, ...], still_s: float = 5.0, limit_s: float = 180.0
+        self,
+        topics: tuple[str, ...],
+        recorders: tuple[str, ...] = ("receipts", "warehouse"),
+        still_s: float = 5.0,
+        limit_s: float = 180.0,
     ) -> float:
-        """Wait until no record was added to `topics` for `still_s` (the stack has finished the
-        work in flight: receipts, loads); the seconds waited."""
+        """Wait until no record was added to `topics` for `still_s` and the `recorders` jobs
+        have committed every record of their inputs (the stack has finished the work in
+        flight: receipts, loads, the events a niced job left for later); the seconds waited."""
         from confluent_kafka import Consumer, TopicPartition
 
         kafka = self.settings.kafka
@@ -206,7 +211,18 @@ class FullStack:
                     last, since = now, time.monotonic()
         finally:
             consumer.close()
+        while self.behind(recorders) and time.monotonic() - started < limit_s:
+            time.sleep(1)
         return time.monotonic() - started
+
+    def behind(self, jobs: tuple[str, ...]) -> int:
+        """Records `jobs` have not committed yet (their recovery stores against the topic ends;
+        a job commits once per snapshot interval)."""
+        from dashboards.lag import committed_offsets, consumer_lag
+
+        offsets = committed_offsets(self.run_dir / "recovery")
+        mine = {job: offsets.get(job, {}) for job in jobs}
+        return sum(lag.lag for lag in consumer_lag(self.settings.kafka, mine))
 
     def post(self, body: dict[str, Any]) -> tuple[str, float]:
         """POST /v1/notifications; (notification_id, epoch seconds when the request was sent)."""

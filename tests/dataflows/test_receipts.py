@@ -179,6 +179,50 @@ def test_out_of_order_and_duplicated_receipts_bounded(settings: HeraldSettings) 
     assert [(d["job"], d["reason"]) for d in letters] == [("receipts", "unparseable_receipt")]
 
 
+def test_a_push_campaigns_statuses_pass_and_the_fold_starts_at_the_providers_answer_bounded(
+    settings: HeraldSettings,
+) -> None:
+    """PLANNED and SENDING of a push delivery only move its hot status; the app's open is
+    folded with the context of the provider's answer. A SENDING re-read after it changes
+    nothing."""
+    w = World(settings)
+    delivery = w.d("push-1")
+    base = {
+        "delivery_id": delivery, "generation": 0, "notification_id": w.nid, "user_id": "u-1",
+        "tenant_id": w.tenant, "notification_type": "marketing_campaign", "channel": "push",
+        "traffic_class": "bulk", "reason": None, "provider": "apns", "provider_msg_id": None,
+        "attempt": 1, "latency_ms": 900, "occurred_at": w.now, "recorded_at": w.now,
+        "attributes": {},
+    }  # fmt: skip
+
+    def event(state: str) -> tuple[bytes, bytes]:
+        value = {**base, "event_id": ids.event_id(delivery, state, 1), "state": state}
+        if state == "PROVIDER_ACCEPTED":
+            value["provider_msg_id"] = f"{w.p}apns-1"
+        return delivery.encode(), w.enc_event(value)
+
+    produce(settings, EVENTS, [event("PLANNED"), event("SENDING")])
+    run_main(build_flow(settings, bounded=True), epoch_interval=timedelta(milliseconds=200))
+    assert w.status() == {delivery: "SENDING"}
+
+    opened_at = int(w.now.timestamp()) + 60
+    produce(settings, EVENTS, [event("PROVIDER_ACCEPTED"), event("SENDING")])
+    body = orjson.dumps([{"delivery_id": delivery, "event": "opened", "occurred_at": opened_at}])
+    w.receipt("app", body, "application/json")
+    run_main(build_flow(settings, bounded=True), epoch_interval=timedelta(milliseconds=200))
+
+    assert w.status() == {delivery: "READ"}  # a push opened in the app (herald.states)
+    [opened] = w.emitted()[delivery]
+    assert opened["state"] == "READ"
+    assert (opened["tenant_id"], opened["notification_type"], opened["traffic_class"]) == (
+        w.tenant,
+        "marketing_campaign",
+        "bulk",
+    )
+    assert opened["provider_msg_id"] == f"{w.p}apns-1"
+    assert opened["latency_ms"] == 900 + 60_000  # from the accept the events' latency names
+
+
 def test_hostile_timestamps_neither_stop_the_job_nor_lose_the_receipt_bounded(
     settings: HeraldSettings,
 ) -> None:

@@ -59,7 +59,7 @@ from herald.quiet_hours import InvalidTimeOfDay, InvalidTimezone
 from schemas.registry import make_registry
 from schemas.serde import AvroDeserializer
 from sinks.kafka import KafkaProducerSink, kafka_output, to_dead_letter_topic
-from sources.kafka import KafkaMessage
+from sources.kafka import KafkaMessage, partition_ends
 
 __all__ = ["ChangelogDecoder", "CopyWrite", "build_flow", "wait_copied"]
 
@@ -280,18 +280,21 @@ def wait_copied(settings: HeraldSettings, timeout: float, poll_s: float = 0.2) -
     `RedisHeld`), so every user published so far has its Redis copy and the plan jobs plan them
     with their state; seconds waited. For bulk imports straight onto the changelog (the API's
     writes have their copy before it answers). Raises TimeoutError."""
-    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka import Consumer
 
     kafka = settings.kafka
     held = RedisHeld(settings.redis, kafka.topic_prefix)
-    consumer = Consumer({**kafka.client_config(), "group.id": "herald-wait-copied"})
+    config = {**kafka.client_config(), "group.id": "herald-wait-copied"}
+    consumer = Consumer({**config, "enable.partition.eof": True, "fetch.wait.max.ms": 10})
     started = time.monotonic()
     try:
         ends: dict[str, int] = {}
         for topic in (kafka.topic(PREFERENCES_TOPIC), kafka.topic(DEVICES_TOPIC)):
-            for p in consumer.list_topics(topic, timeout=10).topics[topic].partitions:
-                tp = TopicPartition(topic, p)
-                ends[f"{p}-{topic}"] = consumer.get_watermark_offsets(tp, timeout=10)[1]
+            partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+            found = partition_ends(consumer, topic, sorted(partitions))
+            if len(found) < len(partitions):
+                raise TimeoutError(f"no end of every partition of {topic}")
+            ends.update({f"{p}-{topic}": end for p, end in found.items()})
         while True:
             if held.holds() and all((held.position(part) or 0) >= end
                                     for part, end in ends.items() if end > 0):  # fmt: skip

@@ -49,6 +49,8 @@ SCENARIOS: dict[str, tuple[str, float]] = {
     "recovery": ("bench._adapters:recovery", 900),
     # Herald's own Avro code beside confluent-kafka's serializers (why it is kept)
     "serde": ("bench.serde:result", 300),
+    # Herald's own HTTP transports beside maintained clients (pyreqwest, aiohttp)
+    "transports": ("bench.transports:result", 600),
 }
 # Scenarios whose module another piece of work adds; absent → "not run", never a failure.
 OPTIONAL = {"recovery": "bench.recovery"}

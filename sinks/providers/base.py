@@ -93,6 +93,46 @@ def ssl_context(config: HttpConfig) -> ssl.SSLContext | bool:
     return ctx
 
 
+def _pyreqwest(config: HttpConfig, http2: bool) -> httpx.AsyncBaseTransport:
+    """pyreqwest (Rust reqwest) under httpx; HTTP/2 by ALPN when the client speaks it."""
+    from datetime import timedelta
+
+    from pyreqwest.client import ClientBuilder
+    from pyreqwest.compatibility.httpx import HttpxTransport
+
+    builder = (
+        ClientBuilder()
+        .http2(http2)
+        .connect_timeout(timedelta(seconds=config.connect_timeout_s))
+        .timeout(timedelta(seconds=config.timeout_s))
+    )
+    if config.ca_path is not None:
+        builder = builder.add_root_certificate_pem(config.ca_path.read_bytes())
+    return HttpxTransport(builder.build())
+
+
+def _aiohttp(config: HttpConfig, http2: bool) -> httpx.AsyncBaseTransport:
+    """aiohttp under httpx (httpx-aiohttp): HTTP/1.1 only."""
+    from httpx_aiohttp import AiohttpTransport
+
+    if http2:
+        raise ValueError("the aiohttp transport speaks HTTP/1.1 only: not for this provider")
+    limits = httpx.Limits(
+        max_connections=config.max_connections, max_keepalive_connections=config.max_connections
+    )
+    return AiohttpTransport(verify=ssl_context(config), limits=limits)
+
+
+# Maintained HTTP clients a provider client can run on instead of Herald's own transports
+# (HttpConfig.transport). aiohttp is the default for HTTP/1.1 providers: it sent as fast as
+# Herald's own HTTP/1.1 transport for less CPU (bench/results/transports.md); pyreqwest comes
+# with the `bench` extra.
+MAINTAINED: dict[str, Callable[[HttpConfig, bool], httpx.AsyncBaseTransport]] = {
+    "pyreqwest": _pyreqwest,
+    "aiohttp": _aiohttp,
+}
+
+
 class ProviderClient(ABC):
     """Base of the provider clients: a shared httpx.AsyncClient and a concurrency bound.
 
@@ -123,9 +163,15 @@ class ProviderClient(ABC):
             "pool": config.pool_timeout_s,
         }
         # The lean transports by default; the HTTP/2 one is called without httpx's client layer
-        # on the hot path (`_post`). `transport="httpcore"` in the config keeps httpx's own.
+        # on the hot path (`_post`). `transport="httpcore"` in the config keeps httpx's own;
+        # the maintained clients of MAINTAINED go under httpx (bench.transports).
         self._h2: H2Transport | None = None
-        if transport is None and config.transport == "lean":
+        kind = config.transport
+        if kind == "auto":
+            kind = "lean" if http2 else "aiohttp"
+        if transport is None and kind in MAINTAINED:
+            transport = MAINTAINED[kind](config, http2)
+        if transport is None and kind == "lean":
             if http2:
                 transport = self._h2 = H2Transport(
                     verify=ssl_context(config),

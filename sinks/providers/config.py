@@ -41,10 +41,13 @@ class HttpConfig(BaseSettings):
     )
     max_connections: int = Field(default=16, ge=1)
     max_concurrency: int = Field(default=256, ge=1, description="in-flight requests per client")
-    transport: Literal["lean", "httpcore"] = Field(
-        default="lean",
-        description="lean: Herald's own HTTP/2 or HTTP/1.1 transport (sinks/providers/"
-        "h2transport.py, h1transport.py; several times less CPU per send); httpcore: httpx's",
+    transport: Literal["auto", "lean", "httpcore", "pyreqwest", "aiohttp"] = Field(
+        default="auto",
+        description="auto: Herald's own HTTP/2 transport (sinks/providers/h2transport.py) for "
+        "HTTP/2 providers, aiohttp (httpx-aiohttp) for HTTP/1.1 ones; lean: Herald's own for "
+        "both (h1transport.py for HTTP/1.1); httpcore: httpx's own; pyreqwest: Rust reqwest "
+        "under httpx (extra `bench`). `python -m bench.transports` compares them "
+        "(bench/results/transports.md)",
     )
 
 

@@ -1,0 +1,142 @@
+"""HTTP transports of the provider clients: Herald's own against maintained clients, same run.
+
+    python -m bench.transports [--quick]
+
+Herald's provider clients run on its own HTTP/2 and HTTP/1.1 transports by default
+(sinks/providers/h2transport.py, h2connection.py, h1transport.py, ~930 lines). This measures,
+against the APNs simulator (HTTP/2 over TLS) and the SendGrid-shaped simulator (HTTP/1.1), the
+same provider client (`sinks.channels.clients.default_factories`) on each transport of
+`HttpConfig.transport`: `lean` (Herald's), `httpcore` (httpx's own), `pyreqwest` (Rust reqwest
+under httpx) and, for HTTP/1.1, `aiohttp` (httpx-aiohttp). Each figure is sends/s and the
+client process's CPU per send (the simulator's excluded), 1,000 in flight, after a warm-up;
+the transports take turns over three rounds and the median round counts (the machine is
+shared). The decision the table leads to is in the README (Performance, Components).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from bench import _report
+from bench._report import figure
+
+# channel -> transports measured (aiohttp speaks HTTP/1.1 only: not for APNs)
+TRANSPORTS = {
+    "push": ("lean", "httpcore", "pyreqwest"),
+    "email": ("lean", "httpcore", "pyreqwest", "aiohttp"),
+}
+ENV_PREFIX = {"push": "HERALD_APNS_", "email": "HERALD_SENDGRID_"}
+SIMULATOR = {"push": "apns", "email": "email"}
+ROUNDS = 3
+
+
+def _one(channel: str, transport: str, credentials: dict[str, Any], n: int) -> dict[str, Any]:
+    """One measurement in a fresh process (its own event loop, imports and pools)."""
+    code = (
+        "import json, sys; from bench.dispatch import raw_client_with; "
+        "a = json.loads(sys.argv[1]); "
+        "print(json.dumps(raw_client_with(a['channel'], a['env'], 'redis://127.0.0.1:1', a['n'])))"
+    )
+    from sinks.channels.simenv import client_env
+
+    env = client_env(SIMULATOR[channel], credentials)
+    env[f"{ENV_PREFIX[channel]}TRANSPORT"] = transport
+    arg = json.dumps({"channel": channel, "env": env, "n": n})
+    repo = Path(__file__).resolve().parents[1]
+    out = subprocess.run(
+        [sys.executable, "-c", code, arg], cwd=repo, capture_output=True, text=True, timeout=600
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"{channel}/{transport}: {out.stderr.strip()[-500:]}")
+    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def measure(quick: bool = False) -> dict[str, dict[str, list[dict[str, Any]]]]:
+    """channel -> transport -> one result per round (sends, sends_per_s, cpu_us_per_send)."""
+    from infra.simulators.launcher import start_simulator
+
+    sizes = {"push": 2_000 if quick else 20_000, "email": 500 if quick else 5_000}
+    out: dict[str, dict[str, list[dict[str, Any]]]] = {c: {} for c in TRANSPORTS}
+    with tempfile.TemporaryDirectory(prefix="herald-transports-") as tmp:
+        sims = {c: start_simulator(SIMULATOR[c], Path(tmp) / c, config={"record_ids": False})
+                for c in TRANSPORTS}  # fmt: skip
+        try:
+            for _round in range(1 if quick else ROUNDS):
+                for channel, transports in TRANSPORTS.items():
+                    creds = sims[channel].credentials()
+                    for transport in transports:
+                        res = _one(channel, transport, creds, sizes[channel])
+                        out[channel].setdefault(transport, []).append(res)
+        finally:
+            for sim in sims.values():
+                sim.stop()
+    return out
+
+
+def _median(runs: list[dict[str, Any]], key: str) -> float:
+    return float(statistics.median(r[key] for r in runs))
+
+
+def result_of(raw: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, Any]:
+    """Sends/s and CPU per send of each transport, Herald's own as the baseline."""
+    figures = []
+    protocol = {"push": "APNs, HTTP/2", "email": "SendGrid, HTTP/1.1"}
+    for channel, by_transport in raw.items():
+        lean = by_transport["lean"]
+        for transport, runs in by_transport.items():
+            if transport == "lean":
+                continue
+            name = f"{protocol[channel]}: {transport}"
+            figures.append(figure(
+                f"{name}, sends/s", _median(runs, "sends_per_s"), "sends/s",
+                baseline=_median(lean, "sends_per_s"), baseline_name="Herald's own transport",
+            ))  # fmt: skip
+            figures.append(figure(
+                f"{name}, client CPU per send", _median(runs, "cpu_us_per_send"), "µs",
+                baseline=_median(lean, "cpu_us_per_send"),
+                baseline_name="Herald's own transport", better="lower",
+            ))  # fmt: skip
+    notes = [
+        f"median of {len(next(iter(raw['push'].values())))} rounds, transports taking turns; "
+        "the same provider client on each; 1,000 in flight; the simulator's CPU not counted",
+        "every round: "
+        + "; ".join(
+            f"{c}/{t} "
+            + ", ".join(f"{r['sends_per_s']:,}/s {r['cpu_us_per_send']} µs" for r in runs)
+            for c, by in raw.items()
+            for t, runs in by.items()
+        ),  # fmt: skip
+    ]
+    return _report.result(
+        "Provider HTTP transports: Herald's own beside maintained clients",
+        figures, notes=notes, details={"runs": raw},
+    )  # fmt: skip
+
+
+def result(quick: bool = False) -> dict[str, Any]:
+    """The scenario for `python -m bench` (bench/__main__.py)."""
+    return result_of(measure(quick))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small volumes, one round")
+    args = parser.parse_args()
+    raw = measure(args.quick)
+    for channel, by in raw.items():
+        for transport, runs in by.items():
+            print(f"{channel:5} {transport:9} "
+                  f"{_median(runs, 'sends_per_s'):>8,.0f} sends/s "
+                  f"{_median(runs, 'cpu_us_per_send'):>6,.0f} µs CPU/send "
+                  f"(rounds: {[r['sends_per_s'] for r in runs]})")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

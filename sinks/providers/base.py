@@ -162,9 +162,9 @@ class ProviderClient(ABC):
             "write": config.timeout_s,
             "pool": config.pool_timeout_s,
         }
-        # The lean transports by default; the HTTP/2 one is called without httpx's client layer
-        # on the hot path (`_post`). `transport="httpcore"` in the config keeps httpx's own;
-        # the maintained clients of MAINTAINED go under httpx (bench.transports).
+        # By default (`auto`) Herald's own HTTP/2 transport, called without httpx's client layer
+        # on the hot path (`_post`), and aiohttp for HTTP/1.1; `lean` takes Herald's own for
+        # both, `httpcore` httpx's own; MAINTAINED's clients go under httpx (bench.transports).
         self._h2: H2Transport | None = None
         kind = config.transport
         if kind == "auto":

@@ -37,7 +37,7 @@ def test_every_bytewax_job_gets_its_fetch_wait_and_the_transactional_path_the_sh
 
 def test_only_the_recording_processes_yield_the_cpu() -> None:
     niced = {c.job or c.name for c in [*SERVICES, *jobs(1)] if nice_of(c)}
-    assert niced == set(NICE) == {"receipts", "warehouse"}
+    assert niced == set(NICE) == {"warehouse"}
 
 
 def test_a_niced_process_yields_to_other_sessions_too(tmp_path: Path) -> None:

@@ -30,7 +30,6 @@ from herald.config import LinksSettings
 from herald.links import push_opened_url
 from herald.outcomes import CONNECT_ERROR, Lookup, Outcome, PlatformError, Retryable, Unknown
 from sinks.providers.config import HttpConfig
-from sinks.providers.h1transport import H1Transport
 from sinks.providers.h2transport import H2Response, H2Transport
 
 __all__ = ["ProviderClient", "epoch_seconds", "mask", "parse_retry_after"]
@@ -124,9 +123,9 @@ def _aiohttp(config: HttpConfig, http2: bool) -> httpx.AsyncBaseTransport:
 
 
 # Maintained HTTP clients a provider client can run on instead of Herald's own transports
-# (HttpConfig.transport). aiohttp is the default for HTTP/1.1 providers: it sent as fast as
-# Herald's own HTTP/1.1 transport for less CPU (bench/results/transports.md); pyreqwest comes
-# with the `bench` extra.
+# (HttpConfig.transport). aiohttp is the default for HTTP/1.1 providers: it sent faster than
+# Herald's own HTTP/1.1 transport for less CPU (bench/results/transports.md), which was then
+# deleted; pyreqwest comes with the `bench` extra.
 MAINTAINED: dict[str, Callable[[HttpConfig, bool], httpx.AsyncBaseTransport]] = {
     "pyreqwest": _pyreqwest,
     "aiohttp": _aiohttp,
@@ -163,8 +162,8 @@ class ProviderClient(ABC):
             "pool": config.pool_timeout_s,
         }
         # By default (`auto`) Herald's own HTTP/2 transport, called without httpx's client layer
-        # on the hot path (`_post`), and aiohttp for HTTP/1.1; `lean` takes Herald's own for
-        # both, `httpcore` httpx's own; MAINTAINED's clients go under httpx (bench.transports).
+        # on the hot path (`_post`), and aiohttp for HTTP/1.1; `lean` names Herald's own
+        # (HTTP/2 only), `httpcore` httpx's own; MAINTAINED's clients go under httpx.
         self._h2: H2Transport | None = None
         kind = config.transport
         if kind == "auto":
@@ -172,16 +171,16 @@ class ProviderClient(ABC):
         if transport is None and kind in MAINTAINED:
             transport = MAINTAINED[kind](config, http2)
         if transport is None and kind == "lean":
-            if http2:
-                transport = self._h2 = H2Transport(
-                    verify=ssl_context(config),
-                    max_connections=config.max_connections,
-                    max_streams=config.max_concurrency,
+            if not http2:
+                raise ValueError(
+                    f"{self.provider}: transport 'lean' is Herald's own HTTP/2 transport and this "
+                    "provider speaks HTTP/1.1 (auto picks aiohttp)"
                 )
-            else:
-                transport = H1Transport(
-                    verify=ssl_context(config), max_connections=config.max_connections
-                )
+            transport = self._h2 = H2Transport(
+                verify=ssl_context(config),
+                max_connections=config.max_connections,
+                max_streams=config.max_concurrency,
+            )
         self._url = httpx.URL(config.base_url)
         self._prefix = self._url.raw_path.rstrip(b"/")  # a base_url path, as httpx would merge it
         self.http = httpx.AsyncClient(

@@ -44,8 +44,8 @@ class HttpConfig(BaseSettings):
     transport: Literal["auto", "lean", "httpcore", "pyreqwest", "aiohttp"] = Field(
         default="auto",
         description="auto: Herald's own HTTP/2 transport (sinks/providers/h2transport.py) for "
-        "HTTP/2 providers, aiohttp (httpx-aiohttp) for HTTP/1.1 ones; lean: Herald's own for "
-        "both (h1transport.py for HTTP/1.1); httpcore: httpx's own; pyreqwest: Rust reqwest "
+        "HTTP/2 providers, aiohttp (httpx-aiohttp) for HTTP/1.1 ones; lean: Herald's own (HTTP/2 "
+        "providers only); httpcore: httpx's own; pyreqwest: Rust reqwest "
         "under httpx (extra `bench`). `python -m bench.transports` compares them "
         "(bench/results/transports.md)",
     )

@@ -1,4 +1,4 @@
-"""What Herald's own HTTP transports (h1transport.py, h2transport.py) share: the client TLS
+"""What Herald's own HTTP/2 transport (h2transport.py) needs around a connection: the client TLS
 context with its ALPN protocol, and the mapping of connection failures to httpx's exceptions
 (ConnectTimeout / ConnectError: nothing was sent, so the provider clients may fail over)."""
 

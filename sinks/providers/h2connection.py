@@ -5,7 +5,10 @@ and hyperframe) cost ~200 µs of CPU per request — frame objects, per-stream s
 header validation and debug logging — three quarters of a push send. This module does only
 what a client that sends complete requests and reads complete responses needs: it writes
 HEADERS (+CONTINUATION) and DATA frames as bytes, parses inbound frames with `struct`, and
-codes header blocks with jh2's Rust HPACK (`jh2._hazmat`, pinned). Together ~5x less CPU.
+codes header blocks with the HPACK coder jh2's own connection uses (`jh2.connection`: its Rust
+implementation: an APNs request head encodes in ~5 µs and a response decodes in ~2.5 µs,
+against 62 and 33 µs with the pure-Python `hpack`; pinned, checked at import). Together
+~5x less CPU.
 
 What is implemented (client side only): SETTINGS (and ACK; MAX_CONCURRENT_STREAMS,
 INITIAL_WINDOW_SIZE, MAX_FRAME_SIZE and HEADER_TABLE_SIZE honoured), PING ACK, GOAWAY (streams
@@ -24,7 +27,11 @@ import struct
 from typing import Protocol
 
 import httpx
-from jh2._hazmat import Decoder, Encoder, HPACKError
+from jh2 import connection as jh2_connection
+from jh2.connection import Decoder, Encoder, HPACKError
+
+if not jh2_connection.ALTERNATIVE_HPACK:  # the pure-Python fallback takes (name, value) pairs
+    raise ImportError("jh2 without its compiled HPACK coder: reinstall jh2 (requirements.lock)")
 
 __all__ = ["Connection", "H2Response", "Header", "NotProcessed"]
 

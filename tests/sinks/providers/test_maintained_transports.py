@@ -1,6 +1,6 @@
 """The provider clients on the maintained HTTP clients of `HttpConfig.transport` (pyreqwest,
 aiohttp under httpx), against the simulators: the same outcomes as on Herald's own transports
-(bench/transports.py compares their speed)."""
+(bench/transports.py compares their speed); `auto` takes aiohttp for HTTP/1.1."""
 
 from __future__ import annotations
 
@@ -42,3 +42,9 @@ def test_apns_over_http2_on_pyreqwest(apns: RunningSimulator) -> None:
 def test_aiohttp_refuses_an_http2_provider(apns: RunningSimulator) -> None:
     with pytest.raises(ValueError, match="HTTP/1.1 only"):
         ApnsClient(apns_config(apns, transport="aiohttp"))
+
+
+def test_herald_s_own_transport_refuses_an_http11_provider(email: RunningSimulator) -> None:
+    """Herald's own transport is HTTP/2 only (its HTTP/1.1 one gave way to aiohttp)."""
+    with pytest.raises(ValueError, match="HTTP/2 transport and this provider speaks HTTP/1.1"):
+        SendGridClient(sendgrid_config(email, transport="lean"))

@@ -10,7 +10,7 @@ CLICKED follow DELIVERED), and the warehouse writes them to ClickHouse. They are
 without waiting for the ack: engagement is analytics, never on the user's critical path (a
 refused record is counted and logged).
 
-An engagement belongs to the delivery's latest generation (a DLQ replay, herald.dlq): a failed
+An engagement belongs to the delivery's latest generation (a DLQ replay, infra.dlq): a failed
 send is never opened or read, so after a replay what is being read is the replay's. The
 generations are read from the deliveries' hot status (one pipelined round trip per call);
 without Redis, or without a status entry, an event is generation 0 (logged): engagement never
@@ -26,9 +26,8 @@ from typing import Any
 import orjson
 from redis.exceptions import RedisError
 
-from api import keys
 from api.state import AppState, now_utc
-from herald import ids
+from herald import ids, keys
 
 __all__ = ["Engagement", "emit"]
 

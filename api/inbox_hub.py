@@ -28,7 +28,7 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from api import keys
+from herald import keys
 
 __all__ = ["InboxHub"]
 

@@ -46,7 +46,7 @@ MAX_RECIPIENTS = 1000
 MAX_PARAMS = 50
 
 # Ids: printable ASCII but `{` and `}` (no spaces or control characters; the braces delimit
-# Redis Cluster hash tags in the keys built from ids, api/keys.py); in a URL path, no `/` either.
+# Redis Cluster hash tags in the keys built from ids, herald/keys.py); in a URL path, no `/` either.
 ID_PATTERN = r"^[\x21-\x7a\x7c\x7e]+$"
 PATH_ID_PATTERN = r"^[\x21-\x2e\x30-\x7a\x7c\x7e]+$"
 Id = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=ID_PATTERN)]
@@ -303,19 +303,6 @@ def to_preferences_record(
     return {"user_id": user_id, **record, "updated_at": updated_at, "version": version}
 
 
-def with_opt_out(
-    record: dict[str, Any], entry: str, version: int, updated_at: Any
-) -> dict[str, Any] | None:
-    """`record` (user_preferences) with `entry` ("marketing:email") added to its category ×
-    channel opt-outs at `version`; None when it is there already (an unsubscribe from a mail
-    client, sinks/consent.py and api/routes/unsubscribe.py)."""
-    pairs = record.get("category_channel_opt_out") or []
-    if entry in pairs:
-        return None
-    return {**record, "category_channel_opt_out": sorted({*pairs, entry}),
-            "updated_at": updated_at, "version": version}  # fmt: skip
-
-
 def preferences_from_record(record: dict[str, Any]) -> PreferencesOut:
     """The API view of a decoded `user_preferences` record."""
     return PreferencesOut.model_validate(record)
@@ -355,15 +342,6 @@ def with_device(
     }
     version = next_version(current["version"])
     return {**current, "devices": [*kept, device], "updated_at": now, "version": version}
-
-
-def without_device(current: dict[str, Any], device_id: str, now: datetime) -> dict[str, Any]:
-    """`current` contact points without device `device_id` (unchanged record if absent)."""
-    kept = [d for d in current["devices"] if d["device_id"] != device_id]
-    if len(kept) == len(current["devices"]):
-        return current
-    version = next_version(current["version"])
-    return {**current, "devices": kept, "updated_at": now, "version": version}
 
 
 def with_contact_update(

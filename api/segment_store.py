@@ -126,7 +126,7 @@ class SegmentStore:
         """The shared client, made on first use (thread-safe; it may be shared by threads)."""
         with self._lock:
             if self._client is None:
-                from infra.clickhouse import herald_client  # clickhouse_connect: 0.2 s to import
+                from herald.clickhouse import herald_client  # clickhouse_connect: 0.2 s to import
 
                 self._client = herald_client(self._settings)
             return self._client

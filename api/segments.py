@@ -40,7 +40,6 @@ from typing import Any
 from clickhouse_connect.driver.exceptions import ClickHouseError, OperationalError
 from redis.exceptions import LockError, RedisError
 
-from api import keys
 from api.auth import Tenant
 from api.problems import ProblemError
 from api.segment_intake import BadColumns, BadMember, BodyReader, Member, query_members
@@ -53,6 +52,7 @@ from api.segment_store import (
     now_us,
 )
 from api.state import AppState, check_segment_allowed, now_utc, redis_unavailable
+from herald import keys
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,6 @@ from fastapi import Request
 from redis.asyncio import Redis
 from redis.exceptions import LockError, RedisError
 
-from api import keys
 from api.auth import USER_TOKEN_PREFIX, Tenant, Tenants, user_token_claims
 from api.inbox_hub import InboxHub
 from api.kafka import AsyncProducer
@@ -22,10 +21,11 @@ from api.metrics import ApiMetrics
 from api.problems import ProblemError
 from api.segment_store import SegmentStore
 from api.settings import ApiSettings, ProviderSecrets
+from herald import keys
 from herald.catalog import Catalog
 from herald.config import HeraldSettings
 from herald.errors import DeliveryError
-from infra.topics import load_topics, physical_subject
+from herald.topics import load_topics, physical_subject
 from schemas.registry import SchemaRegistry
 from schemas.serde import AvroSerializer
 

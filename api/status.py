@@ -1,4 +1,4 @@
-"""Layered delivery status from Redis hot state (`status:{nid}`, see api/keys.py).
+"""Layered delivery status from Redis hot state (`status:{nid}`, see herald/keys.py).
 
 The plan, dispatch and receipts jobs write one JSON entry per delivery with
 `put_delivery_status` (sync client, what Bytewax sinks use). The API reads them and derives
@@ -20,8 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 import orjson
 from pydantic import BaseModel, ConfigDict
 
-from api import keys
-from herald import states
+from herald import keys, states
 from herald.controls import progress
 from herald.status_keys import counts_key
 from herald.status_keys import status_entry as status_entry  # one JSON layout, shared

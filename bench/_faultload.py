@@ -5,7 +5,7 @@
                  timeout) is retried with the same request_id and body, as a real producer does,
                  so only 202-answered requests enter the ledger;
     ProviderPoll snapshots every simulator's `/_admin/stats` (accepted ids per address) about
-                 once a second into a `herald.ledger.ProviderView`, keyed by the simulator's pid
+                 once a second into a `infra.ledger.ProviderView`, keyed by the simulator's pid
                  (a restarted simulator starts its counters from zero), and on demand right
                  before a simulator is killed.
 
@@ -13,7 +13,7 @@ OTPs cycle through a pool of users (one phone each; the run raises the API's per
 limit, HERALD_API_OTP_PER_PHONE, since a load test is no abuse) and bulk requests through a pool
 of email users, each at most three times (the marketing daily cap). Registering a user per
 request would cost more API calls than the load itself on a busy machine. The ledger splits the
-copies at one address by the provider message ids Herald recorded (herald/ledger.py).
+copies at one address by the provider message ids Herald recorded (infra/ledger.py).
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from typing import Any
 import httpx
 
 from herald.ids import notification_id
-from herald.ledger import ExpectedDelivery, ProviderView
-from herald.stackclient import DEV_API_KEY, SIMULATORS, StackClient
+from infra.ledger import ExpectedDelivery, ProviderView
+from infra.stackclient import DEV_API_KEY, SIMULATORS, StackClient
 
 __all__ = ["Accepted", "Producer", "ProviderPoll", "otp_phone", "register_users"]
 

@@ -39,7 +39,7 @@ DEV_KEY = "hk_dev_local_do_not_use_in_production"  # the embedded stack's public
 def _herald(*args: str, run_dir: Path, env: dict[str, str], timeout: float) -> str:
     """Run `herald ARGS --run-dir run_dir`; its output, or RuntimeError with it."""
     proc = subprocess.run(
-        [sys.executable, "-m", "herald.cli", *args, "--run-dir", str(run_dir)],
+        [sys.executable, "-m", "infra.cli", *args, "--run-dir", str(run_dir)],
         capture_output=True, text=True, timeout=timeout, cwd=REPO, env={**os.environ, **env},
     )  # fmt: skip
     if proc.returncode != 0:
@@ -136,9 +136,9 @@ class FullStack:
         (contact points on the herald.devices changelog, the snapshot in ClickHouse), then
         until the users job has copied them."""
         from dataflows.users import wait_copied
+        from herald.clickhouse import herald_client
         from herald.config import ClickHouseSettings
-        from herald.demo.loader import load_audience
-        from infra.clickhouse import herald_client
+        from infra.demo.loader import load_audience
 
         ch = herald_client(ClickHouseSettings(dsn=self.state["env"]["HERALD_CLICKHOUSE_DSN"]))
         try:

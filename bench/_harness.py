@@ -35,9 +35,10 @@ from herald.config import (
     RegistrySettings,
     RunSettings,
 )
+from herald.topics import load_topics
 from infra.process import free_port
 from infra.stack import Stack
-from infra.topics import create_topics, load_topics
+from infra.topics import create_topics
 
 __all__ = [
     "drop_topics",

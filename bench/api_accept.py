@@ -167,7 +167,7 @@ def load_raw(settings: Any, rate: float, duration: float) -> Run:
     from api.kafka import API_PRODUCER_CONFIG
     from api.models import NotificationCreate, to_request_record
     from herald import ids
-    from infra.topics import load_topics, physical_subject
+    from herald.topics import load_topics, physical_subject
     from schemas.registry import make_registry
     from schemas.serde import AvroSerializer
 

@@ -93,7 +93,7 @@ def _fanout(redis_url: str, users: list[str]) -> float:
     """One inbox item per user, as the inbox sink writes it; the perf_counter of the start."""
     import redis
 
-    from api.inbox import add_inbox_item, inbox_item
+    from herald.inbox import add_inbox_item, inbox_item
 
     client = redis.Redis.from_url(redis_url)
     started = time.perf_counter()

@@ -15,7 +15,7 @@ by an SMS provider (`resume`: the pipeline works end to end again), plus the wor
 POST→provider time of the OTPs sent in that kill's slot. Provider times come from snapshots of
 the simulators' accepted ids about once a second, so they carry up to ~1 s of granularity.
 
-At the end the pipeline settles and the ledger (herald/ledger.py) matches every 202-accepted
+At the end the pipeline settles and the ledger (infra/ledger.py) matches every 202-accepted
 delivery against ClickHouse delivery events and the providers' accepted ids: losses (must be
 0), duplicates (only in the two-phase guard's crash window), deliveries Herald recorded as
 provider-accepted whose copy no snapshot saw (accepted by a simulator just before it was killed).
@@ -39,9 +39,9 @@ from pathlib import Path
 from typing import Any
 
 from bench._faultload import Accepted, Producer, ProviderPoll, register_users
-from herald.ledger import HeraldEvent, LedgerReport, reconcile
-from herald.stackclient import StackClient
+from infra.ledger import HeraldEvent, LedgerReport, reconcile
 from infra.process import port_open
+from infra.stackclient import StackClient
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -152,7 +152,7 @@ def _fmt(v: float | None) -> str:
 
 def herald_cli(*args: str, run_dir: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "herald.cli", *args, "--run-dir", str(run_dir)],
+        [sys.executable, "-m", "infra.cli", *args, "--run-dir", str(run_dir)],
         capture_output=True, text=True, timeout=timeout, cwd=REPO,
     )  # fmt: skip
 

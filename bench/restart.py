@@ -101,7 +101,7 @@ def _otp_stream(
 
 def _otps_with_kill(stack: FullStack, users: list[str], tag: str) -> dict[str, Any]:
     """OTPS at RATE/s, plan_transactional SIGKILLed after KILL_AFTER of them (module doc)."""
-    from herald.stackclient import StackClient
+    from infra.stackclient import StackClient
 
     client = StackClient.from_run_dir(stack.run_dir)
     killed: dict[str, float] = {}
@@ -144,7 +144,7 @@ def _otps_with_kill(stack: FullStack, users: list[str], tag: str) -> dict[str, A
 def _otps_with_dispatch_kills(stack: FullStack, users: list[str], tag: str) -> dict[str, Any]:
     """OTPS at RATE/s, dispatch_transactional SIGKILLed after the 60th and the 130th: per kill,
     the OTPs in flight (posted, not yet at a provider) and the duplicates among them."""
-    from herald.stackclient import StackClient
+    from infra.stackclient import StackClient
 
     client = StackClient.from_run_dir(stack.run_dir)
     kills: list[float] = []

@@ -6,7 +6,7 @@
     GET /healthz               200 when ClickHouse answers, else 503
     GET /metrics               herald_breaker_state{provider}, herald_consumer_lag{job,...}
 
-ClickHouse is queried over HTTP (infra.clickhouse.herald_client; this process never opens
+ClickHouse is queried over HTTP (herald.clickhouse.herald_client; this process never opens
 chDB); breaker state comes from Redis (herald/breaker.py keys), consumer lag from the jobs'
 recovery stores and Kafka (dashboards/lag.py). Each panel fails alone: an error is reported in
 its JSON entry and the page shows it in that panel.
@@ -32,9 +32,9 @@ from prometheus_client.registry import Collector
 
 from dashboards.lag import committed_offsets, consumer_lag
 from dashboards.queries import PANELS, run_panel, window
+from herald.clickhouse import herald_client
 from herald.config import HeraldSettings
 from herald.metrics import BreakerCollector, read_breakers
-from infra.clickhouse import herald_client
 
 __all__ = ["DEFAULT_PROVIDERS", "Dashboards", "make_server"]
 

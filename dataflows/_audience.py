@@ -85,7 +85,7 @@ def _client(settings: ClickHouseSettings) -> Client:
     """A ClickHouse client, its driver imported on first use: clickhouse_connect takes ~0.2 s
     to import, which a restarted plan job would otherwise add to its first OTP (a
     transactional plan job rarely expands a segment)."""
-    from infra.clickhouse import herald_client
+    from herald.clickhouse import herald_client
 
     return herald_client(settings)
 

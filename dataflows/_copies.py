@@ -2,7 +2,7 @@
 
     UserState(client, topic_prefix)   .views(batches): every user of the audience batches with
                                       the preferences and contact points of their copies
-                                      (`prefs:{user}`, `cp:{user}`, api/keys.py): one MGET a
+                                      (`prefs:{user}`, `cp:{user}`, herald/keys.py): one MGET a
                                       chunk; waits while the copies are being restored
     CopyCache(users)                  parsed copies by their bytes, bounded
     RedisHeld(redis, topic_prefix)    where the copies stand: whether they hold every user, and
@@ -42,8 +42,8 @@ from typing import Any, Generic, NamedTuple, TypeVar
 import orjson
 import redis
 
-from api import keys
 from dataflows._redis import redis_client
+from herald import keys
 from herald.config import RedisSettings
 from herald.errors import HeraldError
 from herald.planning import AudienceBatch, Planned, PlanRequest, UserView

@@ -1,6 +1,6 @@
 """Encoding of the planning jobs' outputs: `Output(topic, key, value)` -> `KafkaRecord`.
 
-One Avro serializer per logical topic (its schema and subject from infra/topics.toml), built on
+One Avro serializer per logical topic (its schema and subject from herald/topics.toml), built on
 first use. Records are built by trusted code, so the serializers skip the per-record schema check
 (`validate=False`, ~2x faster); a record the writer still refuses becomes an `encode_failed` dead
 letter. Used as a `flat_map_batch` mapper: other items in the batch (dead-letter dicts, ready
@@ -26,15 +26,16 @@ from typing import Any, NamedTuple
 
 from dataflows._splice import SpliceEncoder
 from herald.config import HeraldSettings
+from herald.dead_letters import dead_letter
 from herald.errors import SerdeError
 from herald.plan_records import Output, Shape
 from herald.sealing import Sealer, seal_delivery
-from infra.topics import load_topics, physical_subject
+from herald.topics import load_topics, physical_subject
 from schemas import schema_text
 from schemas.avro_writer import Writer
 from schemas.registry import SchemaRegistry
 from schemas.serde import AvroSerializer, frame
-from sinks.kafka import KafkaRecord, dead_letter
+from sinks.kafka import KafkaRecord
 
 __all__ = ["Encoder", "Splice"]
 

@@ -9,7 +9,7 @@ way (a producer, the outbox relay) meets the same rules here, where every path m
 recipient with a phone, an SMS destination outside the allow-list is `sms_prefix_not_allowed`
 and a phone over its limit `otp_rate_limited`, each a dead letter with that reason instead of
 a plan (the other recipients are planned). The charge is the API's counter
-(`api.keys.otp_limit`), counted once per notification and phone (a marker key beside it), so
+(`herald.keys.otp_limit`), counted once per notification and phone (a marker key beside it), so
 a request planned again after a crash is not charged twice.
 
 A request counts as the API's when its record says so (`source` = "api") and the API's claim
@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 import redis
 
-from api import keys
+from herald import keys
 from herald.catalog import Catalog, CatalogLookupError
 from herald.config import SmsLimits
 from herald.planning import API_SOURCE, Planned, PlanRequest

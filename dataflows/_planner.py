@@ -33,6 +33,7 @@ from herald import tracing
 from herald.catalog import Catalog, CatalogLookupError
 from herald.config import HeraldSettings, SmsLimits
 from herald.controls import PlanControls
+from herald.dead_letters import dead_letter
 from herald.errors import HeraldError
 from herald.plan_records import (
     CapDays,
@@ -54,7 +55,6 @@ from herald.planning import (
 from herald.policy import Decision
 from herald.states import State
 from herald.tenants import TenantTypes
-from sinks.kafka import dead_letter
 from sources.kafka import KafkaMessage
 
 __all__ = ["Admission", "Planner"]

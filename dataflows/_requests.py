@@ -34,9 +34,9 @@ from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
 from dataflows._audience import AudienceStore
 from herald.config import KafkaSettings
 from herald.controls import PAUSE_RECHECK_S, PAUSED, PlanControls
+from herald.dead_letters import dead_letter
 from herald.errors import SerdeError
 from herald.planning import AudienceBatch, PlanRequest, chunk_users
-from sinks.kafka import dead_letter
 from sources.kafka import KafkaMessage, KafkaPartition, KafkaSource
 
 __all__ = ["Admit", "Expansion", "RequestSource"]

@@ -8,7 +8,7 @@
                                     FAILED_PERMANENT, EXPIRED, SUPPRESSED (key delivery_id)
         -> herald.retry.{class}     deliveries to attempt again at next_attempt_at (held and
                                     released by dataflows/retry.py; no worker ever sleeps on one)
-        -> herald.dead-letters      retries exhausted / total deadline passed (herald.dlq replays)
+        -> herald.dead-letters      retries exhausted / total deadline passed (infra.dlq replays)
         -> herald.devices           contact points without a dead token (APNs 410, FCM
                                     UNREGISTERED), also written to the API's Redis copy
     undecodable records -> herald.dead-letters; the job keeps going

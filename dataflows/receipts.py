@@ -44,6 +44,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from dataflows._common import produce_with_dead_letters
 from dataflows._runtime import configure_process
 from herald.config import HeraldSettings
+from herald.dead_letters import dead_letter
 from herald.delivery_fold import (
     DeadAddress,
     DeliveryFold,
@@ -63,7 +64,7 @@ from schemas.registry import make_registry
 from sinks.addresses import AddressSink
 from sinks.clickhouse import ClickHouseSink
 from sinks.consent import ConsentSink
-from sinks.kafka import dead_letter, encode_avro, topic_serializer
+from sinks.kafka import encode_avro, topic_serializer
 from sinks.late_fallback import LateFallbackSink
 from sinks.redis_status import StatusSink
 from sources.kafka import Decoded, kafka_avro_input

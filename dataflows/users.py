@@ -1,7 +1,7 @@
 """users: the compacted user changelogs -> the Redis copies every stage reads.
 
     herald.preferences, herald.devices --changelog_in--> to_copies
-        -> copies_out: `prefs:{user}` / `cp:{user}` (JSON, timestamps as epoch ms; api/keys.py),
+        -> copies_out: `prefs:{user}` / `cp:{user}` (JSON, timestamps as epoch ms; herald/keys.py),
            written only over an older version; a tombstone deletes the copy
         -> users:{<prefix>}:pos (next offset per changelog partition), :ready, :restored
     records that cannot be decoded or validated (bad time zone, quiet hours, locale)
@@ -46,11 +46,11 @@ import redis
 from bytewax.dataflow import Dataflow
 from bytewax.outputs import DynamicSink, StatelessSinkPartition
 
-from api import keys
 from dataflows._changelog import CaughtUp, ChangelogSource
 from dataflows._copies import RedisHeld
 from dataflows._redis import redis_client
 from dataflows._settings import entry_settings
+from herald import keys
 from herald.catalog import InvalidLocale
 from herald.config import HeraldSettings
 from herald.errors import SerdeError
@@ -165,7 +165,7 @@ class ToCopies:
 
 
 def _as_ms(value: Any) -> Any:
-    """The record with its timestamps as epoch ms (the copies' convention, api/keys.py)."""
+    """The record with its timestamps as epoch ms (the copies' convention, herald/keys.py)."""
     if isinstance(value, datetime):
         return int(value.timestamp() * 1000)
     if isinstance(value, dict):

@@ -1,8 +1,8 @@
 """An order service using the transactional outbox: `python -m examples.outbox_example`.
 
 1. In ONE SQLite transaction it marks orders shipped and adds an outbox row per order
-   (`herald.outbox.enqueue`): either both are committed or neither is.
-2. It runs the relay (`herald.outbox.OutboxRelay`) until the outbox is drained: each row is
+   (`api.outbox.enqueue`): either both are committed or neither is.
+2. It runs the relay (`api.outbox.OutboxRelay`) until the outbox is drained: each row is
    published to herald.requests.{class} (Avro, acks=all) and marked sent after the ack.
 3. It prints the notification ids, which equal what POST /v1/notifications would return for
    the same tenant and request_id.
@@ -20,10 +20,10 @@ import sqlite3
 import tempfile
 from pathlib import Path
 
+from api.outbox import OutboxRelay, create_table, enqueue
+from api.producer import HeraldProducer
 from herald import ids
 from herald.config import HeraldSettings
-from herald.outbox import OutboxRelay, create_table, enqueue
-from herald.producer import HeraldProducer
 
 TENANT = "orders"
 

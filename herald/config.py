@@ -66,7 +66,7 @@ class KafkaSettings(BaseSettings):
         return conf
 
     def topic(self, name: str) -> str:
-        """The physical topic name for a logical topic name from infra/topics.toml."""
+        """The physical topic name for a logical topic name from herald/topics.toml."""
         return f"{self.topic_prefix}{name}"
 
 

@@ -9,7 +9,7 @@
                     provider_event_id), premature engagement events, the observation timer
                     (DELIVERY_UNKNOWN), and receipts held until the delivery is known
 
-Generations (DLQ replays, herald.dlq): the fold follows the latest generation of a delivery. An
+Generations (DLQ replays, infra.dlq): the fold follows the latest generation of a delivery. An
 event of a later one starts the delivery over from ACCEPTED (a replay may follow
 FAILED_PERMANENT); events of an earlier one change nothing, and receipts answering an earlier
 generation's send are kept as `stale` facts. Emitted events and status updates carry the

@@ -208,7 +208,7 @@ def event(
     latency_ms: int | None = None,
     attributes: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """A delivery_event record of the delivery's generation (DLQ replays, herald.dlq); its id
+    """A delivery_event record of the delivery's generation (DLQ replays, infra.dlq); its id
     is `event_id(delivery_id, state, attempt, reason, generation)`."""
     name = str(state)
     generation = int(delivery.get("generation") or 0)
@@ -287,7 +287,7 @@ class Effects:
 
     `events` in order; `guard` what to do with this delivery's send guard; `retry` the record
     for the retry topic, or, when `dead_letter` (the reason) is set, the dead letter's value
-    (replayable by herald.dlq); `cleanup_token`
+    (replayable by infra.dlq); `cleanup_token`
     remove the address from the user's contact points; `pause` (provider, reason, seconds) to
     trip the breaker; `failover_to` send again now through that provider (attempt + 1).
     """

@@ -92,7 +92,7 @@ def event_id(
 
     `discriminator` separates events that legitimately repeat within one attempt (e.g. the
     provider event id of a second click on another link); leave it empty otherwise.
-    `generation` is the delivery's DLQ replay count (herald.dlq): a replay numbers its attempts
+    `generation` is the delivery's DLQ replay count (infra.dlq): a replay numbers its attempts
     from 1 again, and its events must not collide with the original attempts'. It is hashed
     only when > 0, so generation 0 keeps the ids of before replays had generations.
     """

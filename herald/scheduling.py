@@ -94,7 +94,7 @@ class ScheduledEntry:
     notification_type: str = field(compare=False, default="")
     channel: str = field(compare=False, default="")
     traffic_class: str = field(compare=False, default="")
-    generation: int = field(compare=False, default=0)  # DLQ replays of the delivery (herald.dlq)
+    generation: int = field(compare=False, default=0)  # DLQ replays of the delivery (infra.dlq)
     traceparent: str | None = field(compare=False, default=None)  # herald/tracing.py
 
     def expired(self, now: datetime) -> bool:

@@ -7,7 +7,7 @@ backwards.
     counts:{<notification_id>}   hash   state -> number of deliveries in it now (kept by the
                                         same script, so a 1M campaign's progress is one HGETALL)
 
-This is the layout of api/keys.py (`keys.status`) and api/status.py (`status_entry`), which the
+This is the layout of herald/keys.py (`keys.status`) and api/status.py (`status_entry`), which the
 API reads; tests/herald/test_receipts.py checks that both sides agree.
 
 Writers never overwrite blindly: `StatusUpdate` carries the states the new state may be entered
@@ -17,7 +17,7 @@ state equal to the current one, a late `sent` after `delivered`, or a retried wr
 crash is a no-op, so every writer (plan, dispatch, receipts) may write at-least-once and in any
 order without a delivery ever going backwards.
 
-Generations (DLQ replays, herald.dlq) come first: an update of a higher generation than the
+Generations (DLQ replays, infra.dlq) come first: an update of a higher generation than the
 entry's is written whatever the states (a replay accepted by the provider leaves the original
 FAILED_PERMANENT), one of a lower generation never is, and within one generation the rules above
 apply. An entry without `generation` (written before generations existed) is generation 0.
@@ -116,7 +116,7 @@ return 1
 
 
 def header_key(notification_id: str) -> str:
-    """The header hash of one notification (api/keys.py `notif`)."""
+    """The header hash of one notification (herald/keys.py `notif`)."""
     return f"notif:{{{notification_id}}}"
 
 

@@ -6,7 +6,7 @@ Why this process exists
     dashboards, the CLI, tests). So in the embedded stack ONE process, the `clickhouse` service
     started by the launcher, opens the data directory and serves the part of ClickHouse's HTTP
     interface that clickhouse-connect's HttpClient uses. Every other process uses the ordinary
-    client (`infra.clickhouse.herald_client`, i.e. `clickhouse_connect.get_client(dsn=...)`)
+    client (`herald.clickhouse.herald_client`, i.e. `clickhouse_connect.get_client(dsn=...)`)
     exactly as in production against a real server: no code path differs between embedded and
     production, and nothing but this process ever opens chDB.
 

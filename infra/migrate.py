@@ -29,9 +29,9 @@ from pathlib import Path
 from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import ClickHouseError
 
+from herald.clickhouse import herald_client
 from herald.config import ClickHouseSettings
 from herald.errors import MigrationError
-from infra.clickhouse import herald_client
 from infra.sqltext import split_statements
 
 __all__ = [

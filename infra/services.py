@@ -330,7 +330,7 @@ def _users_restored(ctx: Ctx) -> bool:
     `herald up` returns when a contact-points change can start from the user's record."""
     import redis
 
-    from api import keys
+    from herald import keys
     from herald.config import KafkaSettings
 
     marker = keys.users_restored(KafkaSettings().topic_prefix)

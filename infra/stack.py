@@ -244,7 +244,7 @@ class Stack:
             created = create_topics(kafka)
             self.on_event(f"kafka topics ready ({len(created)} created)")
         if "HERALD_CLICKHOUSE_DSN" in env:
-            from infra.clickhouse import herald_client
+            from herald.clickhouse import herald_client
             from infra.migrate import apply_migrations
 
             client = herald_client(ClickHouseSettings(dsn=env["HERALD_CLICKHOUSE_DSN"]))

@@ -1,7 +1,7 @@
 """Avro contracts of every Kafka topic: one `<name>.avsc` file per schema name.
 
 The `.avsc` files in this package are the source of truth (namespace `herald`); the schema name
-of each topic is declared in `infra/topics.toml`. This module only finds and reads them:
+of each topic is declared in `herald/topics.toml`. This module only finds and reads them:
 
     schema_names()          -> ["contact_points", "dead_letter", ...]
     schema_text(name)       -> canonical JSON text (compact, key order kept, docs kept)

@@ -28,8 +28,8 @@ from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import OperationalError
 from clickhouse_connect.driver.insert import InsertContext
 
+from herald.clickhouse import herald_client
 from herald.config import ClickHouseSettings
-from infra.clickhouse import herald_client
 
 __all__ = ["ClickHouseSink"]
 

@@ -7,7 +7,7 @@ An email `unsubscribe`, `group_unsubscribe` or `spamreport` webhook (herald.rece
 says that the person does not want this kind of mail, not that the address is dead: their
 password resets must still arrive. So it is a preference change, `marketing:<channel>` added to
 `category_channel_opt_out`, made the way the API's PUT makes one: under `prefs:{user}:lock`, with
-the next version of the hybrid clock (herald.versions, api/keys.py `NEXT_VERSION`), the record
+the next version of the hybrid clock (herald.versions, herald/keys.py `NEXT_VERSION`), the record
 on herald.preferences (acked by Kafka), then the Redis copy (`COPY_IF_NEWER`). It shows in
 GET /v1/users/{id}/preferences and in the compacted changelog, and plan and dispatch's
 re-check honour it from then on.
@@ -33,10 +33,10 @@ import orjson
 import redis
 from bytewax.outputs import DynamicSink
 
-from api import keys
-from api.models import PreferencesIn, to_preferences_record, with_opt_out
+from herald import keys
 from herald.config import HeraldSettings
 from herald.delivery_fold import OptOut
+from herald.user_records import empty_preferences, with_opt_out
 from schemas.registry import make_registry
 from sinks.kafka import KafkaRecord, topic_serializer
 from sinks.user_changes import UserChangePartition
@@ -103,8 +103,7 @@ class PreferenceStore:
                 record: dict[str, Any] = orjson.loads(raw)
                 return record
             if self.client.exists(self.restored):
-                made = to_preferences_record(user_id, PreferencesIn(), now, 0)
-                return {**made, "updated_at": _ms(now)}
+                return empty_preferences(user_id, _ms(now))
             waited = time.monotonic() - since
             if waited >= self.restore_wait_s:
                 raise TimeoutError(f"the users' copies were not restored in {self.restore_wait_s}s")

@@ -7,7 +7,6 @@
     encode_avro(step_id, up, ...)           operator: dict -> KafkaRecord | dead-letter dict
     to_dead_letter_topic(step_id, up, ...)  operator: dead-letter dict -> KafkaRecord, its value
                                             sealed until its message expires (herald/sealing.py)
-    dead_letter(...)                        builds a `dead_letter` record (schemas/dead_letter)
 
 Guarantee (see sinks/base.py for the Bytewax ordering it relies on): at-least-once. Records are
 handed to librdkafka (acks=all, idempotence on) without waiting; every epoch boundary
@@ -23,10 +22,9 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from functools import partial
 from typing import Any, NamedTuple, cast
 
@@ -36,9 +34,10 @@ from bytewax.dataflow import Stream, operator
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from herald.config import HeraldSettings, KafkaSettings
+from herald.dead_letters import DETAIL_MAX, dead_letter
 from herald.errors import DeliveryError, SerdeError
 from herald.sealing import Sealer, SealUnavailable, is_sealed
-from infra.topics import load_topics, physical_subject
+from herald.topics import load_topics, physical_subject
 from schemas.registry import SchemaRegistry
 from schemas.serde import AvroSerializer
 from sinks.base import DeliveryTracker, EpochFlushPartition, EpochFlushSink, retry_while_full
@@ -52,7 +51,6 @@ __all__ = [
     "RecordBatch",
     "SinkItem",
     "batch_records",
-    "dead_letter",
     "encode_avro",
     "kafka_output",
     "to_dead_letter_topic",
@@ -64,7 +62,6 @@ log = logging.getLogger(__name__)
 DEAD_LETTER_TOPIC = "herald.dead-letters"
 # Below the broker's default message.max.bytes (1 MiB) with room for headers and framing.
 MAX_RECORD_BYTES = 1_000_000
-_DETAIL_MAX = 500
 
 DEFAULT_PRODUCER_CONFIG: dict[str, str | int | bool] = {
     "acks": "all",
@@ -298,52 +295,10 @@ def kafka_output(step_id: str, up: Stream[SinkItem], sink: KafkaProducerSink) ->
     op.output("produce", keyed, sink)
 
 
-def dead_letter(
-    *,
-    source_topic: str,
-    reason: str,
-    detail: str,
-    job: str,
-    partition: int = -1,
-    offset: int = -1,
-    key: bytes | str | None = None,
-    value: bytes | None = None,
-    attempts: int = 1,
-    delivery_id: str | None = None,
-    expire_at: datetime | None = None,
-    failed_at: datetime | None = None,
-) -> dict[str, Any]:
-    """A `dead_letter` record (schemas/dead_letter.avsc).
-
-    `dead_letter_id` is deterministic when the Kafka coordinates are known (so a re-processed
-    record yields the same dead letter), random otherwise. `detail` is truncated; callers must
-    keep message bodies, OTP codes and phone numbers out of it.
-    """
-    if partition >= 0:
-        dead_letter_id = f"{job}:{source_topic}:{partition}:{offset}"
-    else:
-        dead_letter_id = f"{job}:{uuid.uuid4().hex}"
-    return {
-        "dead_letter_id": dead_letter_id,
-        "source_topic": source_topic,
-        "partition": partition,
-        "offset": offset,
-        "key": key.encode() if isinstance(key, str) else key,
-        "value": value,
-        "reason": reason,
-        "detail": detail[:_DETAIL_MAX],
-        "job": job,
-        "failed_at": failed_at or datetime.now(UTC),
-        "attempts": attempts,
-        "delivery_id": delivery_id,
-        "expire_at": expire_at,
-    }
-
-
 def topic_serializer(
     kafka: KafkaSettings, registry: SchemaRegistry, logical_topic: str
 ) -> AvroSerializer:
-    """The serializer for a topic of infra/topics.toml (its schema, its prefixed subject)."""
+    """The serializer for a topic of herald/topics.toml (its schema, its prefixed subject)."""
     spec = load_topics()[logical_topic]
     return AvroSerializer(registry, physical_subject(spec, kafka), spec.schema)
 
@@ -434,7 +389,7 @@ class DeadLetterSealer:
             why = "its message had expired"
         if sealed is None:
             detail = f"{letter['detail']} (value not kept: {why})"
-            return {**letter, "value": None, "detail": detail[:_DETAIL_MAX]}
+            return {**letter, "value": None, "detail": detail[:DETAIL_MAX]}
         return {**letter, "value": sealed}
 
     @property

@@ -39,10 +39,10 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient
 
 from herald.config import HeraldSettings, KafkaSettings
+from herald.dead_letters import dead_letter
 from herald.errors import InfraError, SerdeError
 from schemas.registry import SchemaRegistry, make_registry
 from schemas.serde import AvroDeserializer
-from sinks.kafka import dead_letter
 from sources.consumer import PERMANENT, SharedConsumer, worker_consumer
 
 __all__ = [

@@ -3,7 +3,7 @@
 - `stack`: Kafka (Tansu), Redis and the ClickHouse server on free ports, migrations applied,
   for the whole session (no simulators, no jobs: tests start the processes they exercise).
 - `settings`: HeraldSettings for one test: its own topic prefix (every topic of
-  infra/topics.toml created under it) and its own file-backed schema registry.
+  herald/topics.toml created under it) and its own file-backed schema registry.
 - `mark_users_restored`: what the users job (dataflows/users.py) says once the Redis copies hold
   every user, for tests that run the API without that job (every user they have is written
   through the API, so its copies do hold them).
@@ -65,10 +65,10 @@ def unique_prefix() -> str:
 
 
 def mark_users_restored(redis_url: str, topic_prefix: str) -> None:
-    """The marker the users job sets once the Redis copies hold every user (api/keys.py)."""
+    """The marker the users job sets once the Redis copies hold every user (herald/keys.py)."""
     import redis
 
-    from api import keys
+    from herald import keys
 
     client = redis.Redis.from_url(redis_url)
     try:

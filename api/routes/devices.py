@@ -34,7 +34,6 @@ from fastapi.responses import Response
 from pydantic import BaseModel
 from redis.exceptions import RedisError
 
-from api import keys
 from api.auth import Tenant
 from api.models import (
     ContactPointsUpdate,
@@ -42,7 +41,6 @@ from api.models import (
     empty_contact_points,
     with_contact_update,
     with_device,
-    without_device,
 )
 from api.otp import sms_prefix_problem
 from api.pii import mask_email, mask_phone
@@ -58,6 +56,8 @@ from api.state import (
     user_lock,
     wait_restored,
 )
+from herald import keys
+from herald.user_records import without_device
 
 log = logging.getLogger(__name__)
 router = APIRouter(tags=["devices"])

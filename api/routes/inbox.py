@@ -36,13 +36,13 @@ from fastapi.responses import Response
 from pydantic import BaseModel
 from redis.exceptions import RedisError
 
-from api import inbox
 from api.auth import USER_TOKEN_PREFIX, mint_user_token
 from api.engagement import Engagement, emit
 from api.models import PATH_ID_PATTERN
 from api.problems import ProblemError, dumps, problem_responses
 from api.routes import PathId
 from api.state import AppState, guarded, guarded_user, redis_unavailable, user_authority
+from herald import inbox
 
 log = logging.getLogger(__name__)
 router = APIRouter(tags=["inbox"])

@@ -25,7 +25,6 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 from redis.exceptions import RedisError
 
-from api import keys
 from api.auth import Tenant
 from api.controls import Control, ControlResult, change_control
 from api.intake import body_hash, check_against_catalog, check_times
@@ -47,7 +46,7 @@ from api.state import (
     to_ms,
 )
 from api.status import NotificationStatus, read_status
-from herald import ids, tracing
+from herald import ids, keys, tracing
 from herald.status_keys import request_header
 
 log = logging.getLogger(__name__)

@@ -13,10 +13,10 @@ from fastapi import APIRouter, Path, Request
 from fastapi.responses import Response
 from redis.exceptions import RedisError
 
-from api import keys
 from api.otp import count_otp
 from api.problems import ProblemError, problem_responses
 from api.state import guarded, now_utc, redis_unavailable
+from herald import keys
 
 router = APIRouter(tags=["otp"])
 

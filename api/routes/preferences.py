@@ -20,11 +20,11 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from redis.exceptions import RedisError
 
-from api import keys
 from api.models import PreferencesIn, PreferencesOut, preferences_from_record, to_preferences_record
 from api.problems import ProblemError, dumps, problem_responses
 from api.routes import PathId
 from api.state import AppState, from_ms, guarded, now_utc, redis_unavailable, to_ms, user_lock
+from herald import keys
 
 log = logging.getLogger(__name__)
 router = APIRouter(tags=["preferences"])

@@ -25,11 +25,10 @@ import orjson
 from fastapi import APIRouter, Path, Request
 from fastapi.responses import HTMLResponse
 
-from api import keys
-from api.models import PreferencesIn, to_preferences_record, with_opt_out
 from api.problems import ProblemError, problem_responses
 from api.state import AppState, now_utc, state_of, to_ms, user_lock, wait_restored
-from herald import links
+from herald import keys, links
+from herald.user_records import empty_preferences, with_opt_out
 
 log = logging.getLogger(__name__)
 router = APIRouter(tags=["unsubscribe"])
@@ -93,10 +92,7 @@ async def _opt_out(st: AppState, user_id: str, entry: str) -> bool:
     if raw is None:
         await wait_restored(st)  # no copy: defaults, once the copies hold every user
         raw = await st.redis.get(keys.prefs(user_id))
-    if raw is not None:
-        current = orjson.loads(raw)
-    else:
-        current = {**to_preferences_record(user_id, PreferencesIn(), now, 0), "updated_at": 0}
+    current = orjson.loads(raw) if raw is not None else empty_preferences(user_id, 0)
     if entry in (current.get("category_channel_opt_out") or ()):
         return False
     now_us = time.time_ns() // 1000

@@ -1,6 +1,6 @@
 """The API's Redis copies of preferences and contact points, as dispatch uses them.
 
-Layout (api/keys.py): `prefs:{user}` holds the latest user_preferences record as JSON and
+Layout (herald/keys.py): `prefs:{user}` holds the latest user_preferences record as JSON and
 `cp:{user}` the latest contact_points record (timestamps as epoch ms), each written by the API
 after Kafka acknowledged the change; `cp:{user}:lock` serializes read-modify-writes of contact
 points (the API's device routes hold the same lock).
@@ -37,10 +37,10 @@ import orjson
 import redis
 from redis.exceptions import LockError
 
-from api import keys
-from api.models import without_device
+from herald import keys
 from herald.errors import HeraldError
 from herald.policy import Preferences
+from herald.user_records import without_device
 from herald.versions import next_version
 
 __all__ = ["ContactStore", "CleanupResult"]

@@ -1,6 +1,6 @@
-"""The in-app channel as a provider: the Redis inbox of the API (api/inbox.py).
+"""The in-app channel as a provider: the Redis inbox of the API (herald/inbox.py).
 
-`InboxClient.send(delivery)` stores the item with `api.inbox.add_inbox_item_async` (item id =
+`InboxClient.send(delivery)` stores the item with `herald.inbox.add_inbox_item_async` (item id =
 delivery_id, so a redelivered delivery is stored once), which also bumps the unread count and
 publishes `{"type": "item", ...}` on the user's pub/sub channel for the API's WebSockets.
 Outcomes: stored or already stored → Accepted(delivery_id); Redis unreachable before sending →
@@ -20,7 +20,7 @@ import redis.exceptions
 from redis.asyncio import BlockingConnectionPool
 from redis.asyncio import Redis as AsyncRedis
 
-from api.inbox import add_inbox_item_async, inbox_item
+from herald.inbox import add_inbox_item_async, inbox_item
 from herald.outcomes import CONNECT_ERROR, Accepted, Outcome, Permanent, Retryable, Unknown
 
 __all__ = ["InboxClient"]

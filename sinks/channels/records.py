@@ -6,7 +6,7 @@
     dead letters      herald.dead-letters           key source topic; value = the delivery as
                                                     it stood (Avro Delivery), sealed until it
                                                     expires (herald/sealing.py), replayable by
-                                                    herald.dlq with its delivery_id, expire_at
+                                                    infra.dlq with its delivery_id, expire_at
     device changes    herald.devices                key user_id (token cleanup, dead address)
     fallbacks         herald.deliveries.{channel}.{class}   key delivery_id (herald.fallback)
 
@@ -23,13 +23,14 @@ from typing import Any
 import orjson
 
 from herald.config import HeraldSettings
+from herald.dead_letters import dead_letter
 from herald.errors import SerdeError
 from herald.sealing import seal_delivery
-from infra.topics import load_topics, physical_subject
+from herald.topics import load_topics, physical_subject
 from schemas.registry import SchemaRegistry
 from schemas.serde import AvroSerializer
 from sinks.channels.work import DeadLetterOut, Outputs
-from sinks.kafka import DEAD_LETTER_TOPIC, DeadLetterSealer, KafkaRecord, dead_letter
+from sinks.kafka import DEAD_LETTER_TOPIC, DeadLetterSealer, KafkaRecord
 
 __all__ = ["JOB", "RecordEncoder", "deliveries_topic", "retry_topic"]
 

@@ -15,8 +15,8 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from api.app import create_app
-from api.inbox import add_inbox_item, inbox_item
 from herald.config import HeraldSettings
+from herald.inbox import add_inbox_item, inbox_item
 from tests.api.conftest import (
     FULL_KEY,
     READ_KEY,

@@ -31,8 +31,8 @@ from api.models import (
     to_request_record,
     with_contact_update,
     with_device,
-    without_device,
 )
+from herald.user_records import empty_preferences, without_device
 from schemas.registry import FileRegistry
 from schemas.serde import AvroDeserializer, AvroSerializer
 
@@ -228,6 +228,16 @@ def test_preferences_round_trip(registry: FileRegistry) -> None:
     view = preferences_from_record(out)
     assert view.model_dump(include=set(PreferencesIn.model_fields)) == model.model_dump()
     assert (view.user_id, view.version, view.updated_at) == ("u-1", 3, T0)
+
+
+def test_the_default_preferences_are_the_api_s_defaults(registry: FileRegistry) -> None:
+    """herald.user_records builds the record of a user without preferences (the consent sink
+    and the unsubscribe page, below the API); it is what an empty PUT would store."""
+    empty = empty_preferences("u-1", T0)
+    assert empty == to_preferences_record("u-1", PreferencesIn(), T0, 0)
+    assert _round_trip(registry, "user_preferences", empty) == empty
+    empty["category_opt_out"].append("marketing")  # a fresh record each time, no shared lists
+    assert empty_preferences("u-1", T0)["category_opt_out"] == []
 
 
 def test_contact_points_round_trip(registry: FileRegistry) -> None:

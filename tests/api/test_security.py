@@ -84,7 +84,7 @@ def test_otp_limited_per_ip_and_device(api: RunningApi, header: str, limit: int)
 
 
 def test_otp_to_a_disallowed_prefix_is_refused(api: RunningApi) -> None:
-    from api import keys
+    from herald import keys
 
     user = f"u-{uuid.uuid4().hex[:8]}"
     # stored before the allow-list existed (written directly to the copy)

@@ -15,8 +15,8 @@ from clickhouse_connect.driver.client import Client
 
 from api.app import create_app
 from dataflows._audience import load_segment
+from herald.clickhouse import herald_client
 from herald.config import HeraldSettings
-from infra.clickhouse import herald_client
 from tests.api.conftest import (
     FULL_KEY,
     ORDERS_KEY,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 import redis
 
-from api import keys
+from herald import keys
 from herald.links import open_pixel_url, unsubscribe_url
 from tests.api.conftest import RunningApi
 

@@ -26,7 +26,7 @@ from herald.breaker import CircuitBreaker
 from herald.config import HeraldSettings
 from infra.process import free_port
 from tests.dataflows.test_receipts import FlowJob, wait_for
-from tests.herald.test_replay import counts, produce_events
+from tests.infra.test_replay import counts, produce_events
 
 pytestmark = pytest.mark.integration
 

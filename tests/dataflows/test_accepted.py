@@ -18,10 +18,10 @@ from bytewax.recovery import init_db_dir
 from bytewax.testing import run_main
 
 from dataflows.accepted import EVENTS_TOPIC, accepted_event, build_flow, event_columns
+from herald.clickhouse import herald_client
 from herald.config import HeraldSettings
 from herald.ids import event_id
 from herald.status_keys import header_key
-from infra.clickhouse import herald_client
 from infra.process import free_port, reset_sigint
 from schemas import load_schema
 from tests.dataflows.helpers import consume, decoder, encoder, opened, produce

@@ -18,7 +18,7 @@ import pytest
 import redis
 from bytewax.recovery import init_db_dir
 
-from api import keys
+from herald import keys
 from herald.config import HeraldSettings
 from infra.simulators.launcher import RunningSimulator, start_simulator
 from sinks.channels.simenv import client_env

@@ -9,8 +9,8 @@ import orjson
 import pytest
 import redis
 
-from api import keys
 from dataflows._copies import BadCopy, CopyCache, UserState, _ContactsShapes, _PrefsShapes
+from herald import keys
 from herald.planning import AudienceBatch
 from herald.policy import ContactPoints, Preferences
 from tests.conftest import RunningStack

@@ -17,14 +17,13 @@ import pytest
 import redis
 from bytewax.testing import run_main
 
-from api import keys
 from dataflows.receipts import ReceiptsSettings, build_flow
-from herald import ids
+from herald import ids, keys
+from herald.clickhouse import herald_client
 from herald.config import HeraldSettings
 from herald.receipts import address_tag
 from herald.sealing import Sealer, open_delivery
 from herald.status_keys import status_key
-from infra.clickhouse import herald_client
 from sinks.channels.fallback import watch_key
 from tests.dataflows.helpers import consume, decoder, encoder, opened, produce
 from tests.dataflows.test_accepted import Job, assert_no_job_errors

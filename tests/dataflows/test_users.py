@@ -13,11 +13,11 @@ import pytest
 import redis
 from bytewax.testing import run_main
 
-from api import keys
 from dataflows import _changelog as changelog
 from dataflows._changelog import CaughtUp, ChangelogSource
 from dataflows._copies import RedisHeld
 from dataflows.users import build_flow
+from herald import keys
 from herald.config import HeraldSettings
 from tests.conftest import child_env
 from tests.dataflows.helpers import produce

@@ -1,4 +1,4 @@
-"""Small helpers of the end-to-end tests on top of herald.stackclient.StackClient.
+"""Small helpers of the end-to-end tests on top of infra.stackclient.StackClient.
 
 What StackClient lacks and these tests need: the simulators' request log (`?log=1`: when each
 message reached the provider, and how retries spread), bulk loading of 20k+ users (device
@@ -19,7 +19,7 @@ import httpx
 from confluent_kafka import Producer
 
 from herald.config import HeraldSettings
-from herald.stackclient import StackClient
+from infra.stackclient import StackClient
 from schemas.registry import make_registry
 from sinks.kafka import topic_serializer
 

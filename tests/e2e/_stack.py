@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from herald.stackclient import StackClient
 from infra.process import pid_alive
 from infra.stack import read_state
+from infra.stackclient import StackClient
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -50,7 +50,7 @@ def herald_cli(
 ) -> subprocess.CompletedProcess[str]:
     """`herald ARGS --run-dir RUN_DIR` as a subprocess (what a user types)."""
     return subprocess.run(
-        [sys.executable, "-m", "herald.cli", *args, "--run-dir", str(run_dir)],
+        [sys.executable, "-m", "infra.cli", *args, "--run-dir", str(run_dir)],
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -1,6 +1,6 @@
 """The full embedded stack, started once for the end-to-end tests with `herald up --detach`.
 
-`e2e` yields an `E2EStack`: the run directory and a `StackClient` (herald/stackclient.py) on
+`e2e` yields an `E2EStack`: the run directory and a `StackClient` (infra/stackclient.py) on
 the running stack. The stack is started as a user would (the CLI, in its own run directory,
 24 processes) and stopped with `herald down`; whatever is still alive afterwards (a process the
 supervisor restarted late, a failed start) is killed by pid from state.json, so nothing
@@ -34,8 +34,8 @@ from pathlib import Path
 
 import pytest
 
-from herald.stackclient import StackClient
 from infra.process import pid_alive
+from infra.stackclient import StackClient
 from tests.e2e._helpers import UserPool
 from tests.e2e._stack import E2EStack, herald_cli, kill_leftovers, stack_pids, start_stack
 

@@ -13,7 +13,7 @@ import time
 import uuid
 from typing import Any
 
-from herald.stackclient import StackClient
+from infra.stackclient import StackClient
 from tests.e2e._helpers import ensure_push_audience, produce_devices, sim_log
 from tests.e2e._stack import E2EStack
 

@@ -13,7 +13,7 @@ from zoneinfo import ZoneInfo
 
 import httpx
 
-from herald.stackclient import ApiError, StackClient
+from infra.stackclient import ApiError, StackClient
 from tests.e2e._helpers import REACHED, UserPool, email_of, sim_log, wait_events
 from tests.e2e._stack import E2EStack
 

@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from herald.stackclient import StackClient
+from infra.stackclient import StackClient
 from tests.e2e._helpers import (
     REACHED,
     TERMINAL,

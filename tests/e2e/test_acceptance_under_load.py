@@ -13,8 +13,8 @@ import uuid
 
 import pytest
 
-from herald.stackclient import StackClient
 from infra.process import port_open
+from infra.stackclient import StackClient
 from tests.e2e._helpers import (
     REACHED,
     TERMINAL,

@@ -387,8 +387,8 @@ def test_fold_state_survives_a_snapshot() -> None:
 
 
 def test_status_layout_matches_the_api() -> None:
-    from api import keys
     from api.status import status_entry as api_entry
+    from herald import keys
 
     assert status_key("n-1") == keys.status("n-1")
     update = StatusUpdate("n-1", "d-1", "DELIVERED", "sms", "u-1", NOW, "x", "sms_a")

@@ -10,8 +10,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from herald.config import HeraldSettings, RedisSettings
+from herald.dead_letters import dead_letter
 from herald.sealing import Sealer, is_sealed, key_name
-from sinks.kafka import DeadLetterSealer, dead_letter
+from sinks.kafka import DeadLetterSealer
 
 OTP = b'{"address": "+41791234567", "rendered": {"body": "Your login code is 482913"}}'
 

@@ -18,7 +18,7 @@ from clickhouse_connect.driver.client import Client
 from dashboards.queries import PANELS, run_panel, window
 from dataflows.accepted import event_columns
 from herald import ids, states
-from infra.clickhouse import herald_client
+from herald.clickhouse import herald_client
 from infra.migrate import MIGRATIONS_DIR
 
 pytestmark = pytest.mark.integration

@@ -25,8 +25,8 @@ from clickhouse_connect import get_client
 from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import DatabaseError
 
+from herald.clickhouse import herald_client
 from herald.config import ClickHouseSettings
-from infra.clickhouse import herald_client
 from infra.process import free_port
 
 REPO = Path(__file__).resolve().parents[2]

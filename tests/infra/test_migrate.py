@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from clickhouse_connect.driver.client import Client
 
+from herald.clickhouse import herald_client
 from herald.config import ClickHouseSettings
 from herald.errors import MigrationError
-from infra.clickhouse import herald_client
 from infra.migrate import (
     MIGRATIONS_DIR,
     apply_migrations,

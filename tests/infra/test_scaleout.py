@@ -119,7 +119,7 @@ def test_every_job_runs_as_two_processes_end_to_end(tmp_path: Path) -> None:
 def test_deploy_manifests_are_current_and_partitions_cover_every_worker() -> None:
     from infra.deploy.render import load_jobs, main, topic_plan
 
-    assert main(["--check"]) == 0  # infra/deploy/* matches sizing.toml and infra/topics.toml
+    assert main(["--check"]) == 0  # infra/deploy/* matches sizing.toml and herald/topics.toml
     jobs = load_jobs()
     names = {j.name for j in jobs}
     assert {"dispatch_push_bulk", "dispatch_sms_transactional", "plan_bulk"} <= names

@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def herald(*args: str, run_dir: Path, timeout: float = 240) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "herald.cli", *args, "--run-dir", str(run_dir)],
+        [sys.executable, "-m", "infra.cli", *args, "--run-dir", str(run_dir)],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -69,8 +69,8 @@ def otp_travels_the_whole_pipeline(api: str, clickhouse: str) -> None:
 
 def traced_in_clickhouse(dsn: str, nid: str) -> None:
     """Every job's events of `nid` reach ClickHouse with the notification's traceparent."""
+    from herald.clickhouse import herald_client
     from herald.config import ClickHouseSettings
-    from infra.clickhouse import herald_client
 
     client = herald_client(ClickHouseSettings(dsn=dsn))
     try:
@@ -172,7 +172,7 @@ def test_foreground_up_stops_everything_on_ctrl_c(tmp_path: Path) -> None:
     import time
 
     proc = subprocess.Popen(
-        [sys.executable, "-m", "herald.cli", "up", "--run-dir", str(tmp_path)],
+        [sys.executable, "-m", "infra.cli", "up", "--run-dir", str(tmp_path)],
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

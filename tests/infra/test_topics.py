@@ -9,7 +9,8 @@ from confluent_kafka.admin import AdminClient
 
 from herald.config import HeraldSettings
 from herald.errors import ConfigError
-from infra.topics import create_topics, load_topics
+from herald.topics import load_topics
+from infra.topics import create_topics
 from schemas import schema_names
 
 CLASSES = ("transactional", "normal", "bulk")

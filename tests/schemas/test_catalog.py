@@ -1,4 +1,4 @@
-"""The .avsc contracts: one per schema name in infra/topics.toml, documented, well-formed."""
+"""The .avsc contracts: one per schema name in herald/topics.toml, documented, well-formed."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 import schemas
 from herald.errors import SchemaError
-from infra.topics import load_topics
+from herald.topics import load_topics
 
 EXPECTED = {
     "contact_points",

@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 import redis
 
-from api import keys
+from herald import keys
 from herald.breaker import CircuitBreaker
 from herald.catalog import load_catalog
 from herald.config import PiiSettings

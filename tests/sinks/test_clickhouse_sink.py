@@ -15,8 +15,8 @@ import pytest
 from bytewax.dataflow import Dataflow
 from bytewax.testing import TestingSource, cluster_main, run_main
 
+from herald.clickhouse import herald_client
 from herald.config import ClickHouseSettings
-from infra.clickhouse import herald_client
 from infra.migrate import apply_migrations
 from sinks.clickhouse import ClickHouseSink
 from tests.infra.test_clickhouse_server import free_port, running_server, start_server, stop_server

@@ -15,8 +15,7 @@ import orjson
 import pytest
 import redis
 
-from api import keys
-from herald import ids
+from herald import ids, keys
 from infra.simulators.launcher import RunningSimulator, start_simulator
 from sinks.channels.fallback import watch_ttl
 from tests.conftest import RunningStack

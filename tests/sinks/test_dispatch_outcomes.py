@@ -11,7 +11,7 @@ import orjson
 import pytest
 import redis
 
-from api import keys
+from herald import keys
 from herald.guard import AlreadySent, Proceed
 from infra.simulators.launcher import RunningSimulator, start_simulator
 from sinks.channels.contacts import ContactStore

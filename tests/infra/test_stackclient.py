@@ -1,4 +1,4 @@
-"""herald.stackclient against a real, fully started stack (`herald up --detach`)."""
+"""infra.stackclient against a real, fully started stack (`herald up --detach`)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from herald.stackclient import ApiError, StackClient, StackNotRunningError
 from infra.process import pid_alive
+from infra.stackclient import ApiError, StackClient, StackNotRunningError
 from tests.e2e._stack import herald_cli
 
 pytestmark = pytest.mark.integration  # a whole `herald up` stack

@@ -13,10 +13,10 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from herald.catalog import load_catalog
-from herald.demo.loader import campaign_user
-from herald.demo.logic import SceneResult, like_storm, quiet_window_ending_soon, rate_per_second
 from herald.digest import SocialEvent, step, summarize
 from herald.quiet_hours import QuietWindow, quiet_until
+from infra.demo.loader import campaign_user
+from infra.demo.logic import SceneResult, like_storm, quiet_window_ending_soon, rate_per_second
 from infra.stack import read_state
 
 REPO = Path(__file__).resolve().parents[2]
@@ -92,7 +92,7 @@ def test_scene_result_verdicts() -> None:
 
 def herald(*args: str, run_dir: Path, timeout: float) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "herald.cli", *args, "--run-dir", str(run_dir)],
+        [sys.executable, "-m", "infra.cli", *args, "--run-dir", str(run_dir)],
         capture_output=True,
         text=True,
         timeout=timeout,

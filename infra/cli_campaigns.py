@@ -20,7 +20,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from herald.cli_api import ApiKey, RunDir, calling
+from infra.cli_api import ApiKey, RunDir, calling
 
 __all__ = ["register"]
 

@@ -18,9 +18,9 @@ from typing import Any
 
 from confluent_kafka import Producer
 
+from api.producer import PRODUCER_CONFIG, HeraldProducer
 from herald.config import HeraldSettings
 from herald.errors import DeliveryError
-from herald.producer import PRODUCER_CONFIG, HeraldProducer
 from schemas.registry import make_registry
 from sinks.kafka import topic_serializer
 

@@ -1,5 +1,5 @@
 """What the `herald` commands that talk to a running stack's API share: the `--run-dir` and
-`--api-key` options and the client (herald/stackclient.py), whose failures end the command
+`--api-key` options and the client (infra/stackclient.py), whose failures end the command
 with their message (exit 1), never a traceback."""
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ err = Console(stderr=True)
 def stack_client(run_dir: Path | None, api_key: str | None) -> Any:
     """The client of the stack running in `run_dir` (the dev key unless `api_key`)."""
     from herald.config import RunSettings
-    from herald.stackclient import StackClient
+    from infra.stackclient import StackClient
 
     path = (run_dir or RunSettings().run_dir).resolve()
     extra = {"api_key": api_key} if api_key else {}

@@ -7,6 +7,6 @@ the bulk inputs that come from other systems (campaign audience, like storm), lo
 parts, ui.py the output.
 """
 
-from herald.demo.runner import DEFAULT_CAMPAIGN_SIZE, run_demo
+from infra.demo.runner import DEFAULT_CAMPAIGN_SIZE, run_demo
 
 __all__ = ["DEFAULT_CAMPAIGN_SIZE", "run_demo"]

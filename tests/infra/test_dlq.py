@@ -16,11 +16,11 @@ import redis
 from bytewax.testing import run_main
 
 from dataflows import receipts, warehouse
+from herald.clickhouse import herald_client
 from herald.config import HeraldSettings
-from herald.dlq import replay_dead_letters
 from herald.sealing import is_sealed
 from herald.status_keys import status_key
-from infra.clickhouse import herald_client
+from infra.dlq import replay_dead_letters
 from infra.simulators.launcher import RunningSimulator, start_simulator
 from sinks.channels.settings import DispatchSettings
 from sinks.dispatch import DispatchSink

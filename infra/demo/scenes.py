@@ -3,9 +3,9 @@ engagement.py).
 
 Each drives the running stack the way its users would.
 
-Every scene talks to the stack only through `herald.stackclient.StackClient`: the HTTP API,
+Every scene talks to the stack only through `infra.stackclient.StackClient`: the HTTP API,
 the provider simulators' `/_admin` routes, ClickHouse over HTTP, and (for inputs that come from
-other systems) Kafka through herald.demo.loader. A scene restores every simulator setting it
+other systems) Kafka through infra.demo.loader. A scene restores every simulator setting it
 changed, so a second run, or the user's own traffic, finds the stack as it was.
 """
 
@@ -16,8 +16,8 @@ from collections import Counter
 from datetime import UTC, datetime
 from typing import Any
 
-from herald.demo.context import SENT, TENANT, Ctx, events_of, first_event
-from herald.demo.logic import QuietPlan, SceneResult
+from infra.demo.context import SENT, TENANT, Ctx, events_of, first_event
+from infra.demo.logic import QuietPlan, SceneResult
 
 __all__ = ["dead_token", "like_storm", "quiet_hours_end", "quiet_hours_start", "sms_failover"]
 
@@ -30,8 +30,8 @@ FAILOVER_USERS = 30  # the breaker opens after 20 calls in 30 s with >= 50 % err
 def like_storm(ctx: Ctx, events: list[dict[str, Any]]) -> SceneResult:
     """Many likes on one post become one push and one inbox item with a summary line."""
     from herald.catalog import load_catalog
-    from herald.demo.loader import publish_events
     from herald.render import digest_line
+    from infra.demo.loader import publish_events
 
     result = SceneResult(1, f"like storm ({ctx.likes:,} likes) → one notification")
     ui, stack, user = ctx.ui, ctx.stack, ctx.user("poster")

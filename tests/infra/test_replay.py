@@ -12,11 +12,12 @@ import pytest
 from confluent_kafka import Producer
 
 from dashboards.queries import PANELS, run_panel, window
+from herald.clickhouse import herald_client
 from herald.config import HeraldSettings
-from herald.replay import parse_time, replay
+from herald.dead_letters import dead_letter
 from herald.sealing import key_name, shred_hour
-from infra.clickhouse import herald_client
-from sinks.kafka import DeadLetterSealer, dead_letter
+from infra.replay import parse_time, replay
+from sinks.kafka import DeadLetterSealer
 from tests.dataflows.helpers import consume, encoder
 from tests.dataflows.test_receipts import FlowJob, wait_for
 from tests.infra.test_analytics import scenario
@@ -197,7 +198,7 @@ def test_warehouse_job_loads_every_event_and_replays_change_nothing(
 
 @pytest.mark.integration
 def test_cli_entry_point(settings: HeraldSettings, capsys: pytest.CaptureFixture[str]) -> None:
-    from herald.replay import replay_cli
+    from infra.replay import replay_cli
 
     n = produce_events(settings, f"t-{uuid.uuid4().hex[:8]}", datetime.now(UTC))
     assert replay_cli(settings, "herald.delivery-events", "-5m", "now") == 0

@@ -24,10 +24,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from herald.cli_campaigns import register as register_campaigns
-from herald.cli_segments import app as segments_app
 from herald.config import ClickHouseSettings, HeraldSettings, RunSettings
 from herald.errors import HeraldError
+from infra.cli_campaigns import register as register_campaigns
+from infra.cli_segments import app as segments_app
 
 app = typer.Typer(
     help=(
@@ -124,7 +124,7 @@ def _up_detached(path: Path, processes: int = 1) -> None:
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as logfile:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "herald.cli", "up", "--run-dir", str(path)]
+            [sys.executable, "-m", "infra.cli", "up", "--run-dir", str(path)]
             + ["--processes", str(processes)],
             stdin=subprocess.DEVNULL,
             stdout=logfile,
@@ -212,7 +212,7 @@ def migrate(
     run_dir: RunDir = None,
 ) -> None:
     """Apply the numbered ClickHouse migrations in infra/migrations (idempotent)."""
-    from infra.clickhouse import herald_client
+    from herald.clickhouse import herald_client
     from infra.migrate import apply_migrations
 
     settings = ClickHouseSettings(dsn=dsn) if dsn else _stack_settings(run_dir).clickhouse
@@ -232,8 +232,9 @@ def topics(
     create: Annotated[bool, typer.Option("--create", help="Create missing topics.")] = False,
     run_dir: RunDir = None,
 ) -> None:
-    """List the topic catalog (infra/topics.toml); with --create, create missing topics."""
-    from infra.topics import create_topics, load_topics
+    """List the topic catalog (herald/topics.toml); with --create, create missing topics."""
+    from herald.topics import load_topics
+    from infra.topics import create_topics
 
     catalog = load_topics()
     if create:
@@ -241,7 +242,7 @@ def topics(
         created = create_topics(kafka, catalog)
         console.print(f"created {len(created)} topic(s) on {kafka.bootstrap_servers}")
         return
-    table = Table(title="Kafka topics (infra/topics.toml)")
+    table = Table(title="Kafka topics (herald/topics.toml)")
     for col in ("topic", "partitions", "key", "schema", "policy"):
         table.add_column(col)
     for spec in catalog.values():
@@ -298,14 +299,14 @@ def replay(
     its source topic (delivery_id and expire_at kept, expired ones dropped); any other topic →
     copied into --into (or itself).
     """
-    from herald.replay import parse_time, replay_cli
+    from infra.replay import parse_time, replay_cli
 
     settings = _stack_settings(run_dir)
     exclude: set[str] = set()
     if topic == "herald.dead-letters" and into is None:
-        # dispatch's letters are replayed by herald.dlq: same delivery_id and expire_at, a
-        # fresh retry budget, expiry and opt-out re-checked; the rest by herald.replay
-        from herald.dlq import replay_dead_letters
+        # dispatch's letters are replayed by infra.dlq: same delivery_id and expire_at, a
+        # fresh retry budget, expiry and opt-out re-checked; the rest by infra.replay
+        from infra.dlq import replay_dead_letters
 
         try:
             since = parse_time(from_)
@@ -366,7 +367,7 @@ def demo(
 
     Uses the stack running in the run directory (`make run`), or starts one and stops it after.
     """
-    from herald.demo import run_demo
+    from infra.demo import run_demo
 
     if campaign_channel not in ("push", "email"):
         err.print("--campaign-channel is push or email")

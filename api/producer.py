@@ -34,7 +34,7 @@ from herald import ids, tracing
 from herald.catalog import Catalog, load_catalog
 from herald.config import HeraldSettings, KafkaSettings
 from herald.errors import DeliveryError, HeraldError
-from infra.topics import load_topics, physical_subject
+from herald.topics import load_topics, physical_subject
 from schemas.registry import SchemaRegistry, make_registry
 from schemas.serde import AvroSerializer
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from herald.ledger import (
+from infra.ledger import (
     ExpectedDelivery,
     HeraldEvent,
     ProviderCopy,

@@ -1,6 +1,6 @@
 """Pure pieces of `herald demo`: scene results, the quiet-hours window, the like storm.
 
-Kept apart from the I/O so they are unit-tested without a stack (tests/herald/test_demo.py).
+Kept apart from the I/O so they are unit-tested without a stack (tests/infra/test_demo.py).
 No clock is faked anywhere: the demo gives its user a quiet-hours window that ends a minute or
 two from now in the user's own time zone, which is what a real user's "22:00-07:00" looks like
 at 06:59, so production code runs unchanged.

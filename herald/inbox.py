@@ -1,6 +1,6 @@
 """The in-app inbox in Redis: bounded per user, newest first, unread set, pub/sub for pushes.
 
-Layout (api/keys.py): `inbox:{user}:items` zset (item_id by created_at ms), `inbox:{user}:data`
+Layout (herald/keys.py): `inbox:{user}:items` zset (item_id by created_at ms), `inbox:{user}:data`
 hash (item_id → JSON), `inbox:{user}:unread` set, `inbox:{user}:undelivered` set (items no app
 has fetched or been pushed yet: `take_undelivered` says which of a page are delivered now, for
 the DELIVERED event), channel `inbox:{user}:events`.
@@ -22,7 +22,7 @@ import orjson
 import redis
 from redis.asyncio import Redis as AsyncRedis
 
-from api import keys
+from herald import keys
 
 DEFAULT_MAX_ITEMS = 500
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from herald import cli_api
-from herald.cli import app
-from herald.stackclient import StackClient
+from infra import cli_api
+from infra.cli import app
+from infra.stackclient import StackClient
 from tests.api.conftest import FULL_KEY, RunningApi, api  # noqa: F401 - the fixture, by name
 
 

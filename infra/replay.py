@@ -38,10 +38,10 @@ from typing import Any
 import redis
 from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 
+from herald.clickhouse import herald_client
 from herald.config import HeraldSettings
 from herald.errors import DeliveryError, HeraldError, SerdeError
 from herald.sealing import Sealer
-from infra.clickhouse import herald_client
 from schemas.registry import make_registry
 from schemas.serde import AvroDeserializer
 from sources.kafka import partition_ends
@@ -170,7 +170,7 @@ def replay(
     See the module docstring for what happens per topic. `progress(done, total)` is called
     as records are read (total = records between the range start and the partitions' ends).
     `force` re-drives dead letters already re-driven; `exclude_jobs` leaves the dead letters of
-    those jobs alone (e.g. "dispatch", whose letters herald.dlq replays with a fresh retry
+    those jobs alone (e.g. "dispatch", whose letters infra.dlq replays with a fresh retry
     budget). Raises DeliveryError if Kafka refused a record, HeraldError for an unknown topic.
     """
     from_ms, to_ms = _ms(from_ts), _ms(to_ts)

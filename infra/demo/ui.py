@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
 
-from herald.demo.logic import SceneResult
+from infra.demo.logic import SceneResult
 
 __all__ = ["Ui"]
 

@@ -11,9 +11,9 @@ import os
 import time
 from typing import Any
 
-from herald.demo.context import SENT, Ctx, first_event, state_counts
-from herald.demo.loader import campaign_address
-from herald.demo.logic import SceneResult, rate_per_second
+from infra.demo.context import SENT, Ctx, first_event, state_counts
+from infra.demo.loader import campaign_address
+from infra.demo.logic import SceneResult, rate_per_second
 
 SIMULATOR = {"push": "apns", "email": "email"}
 TARGET_MS = 2000  # SPEC: OTP accept→provider p99 < 2 s during a campaign

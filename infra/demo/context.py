@@ -6,8 +6,8 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
-from herald.demo.ui import Ui
-from herald.stackclient import StackClient
+from infra.demo.ui import Ui
+from infra.stackclient import StackClient
 
 __all__ = [
     "SENT",

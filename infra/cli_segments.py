@@ -33,7 +33,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from herald.cli_api import ApiKey, RunDir, calling
+from infra.cli_api import ApiKey, RunDir, calling
 
 __all__ = ["app"]
 

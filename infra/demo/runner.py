@@ -25,12 +25,12 @@ from pathlib import Path
 
 import httpx
 
-from herald.demo import campaign, context, engagement, scenes
-from herald.demo.loader import campaign_user, load_audience
-from herald.demo.logic import QuietPlan, SceneResult, like_storm, quiet_window_ending_soon
-from herald.demo.ui import Ui
 from herald.errors import InfraError
-from herald.stackclient import StackClient, StackNotRunningError
+from infra.demo import campaign, context, engagement, scenes
+from infra.demo.loader import campaign_user, load_audience
+from infra.demo.logic import QuietPlan, SceneResult, like_storm, quiet_window_ending_soon
+from infra.demo.ui import Ui
+from infra.stackclient import StackClient, StackNotRunningError
 
 __all__ = ["run_demo", "DEFAULT_CAMPAIGN_SIZE"]
 
@@ -46,7 +46,7 @@ def _start_stack(ui: Ui, run_dir: Path) -> None:
     ui.step(f"no stack running in {run_dir}: starting one (herald up --detach)")
     with ui.console.status("[cyan]starting Kafka, Redis, ClickHouse, simulators and jobs…[/]"):
         proc = subprocess.run(
-            [sys.executable, "-m", "herald.cli", "up", "--detach", "--run-dir", str(run_dir)],
+            [sys.executable, "-m", "infra.cli", "up", "--detach", "--run-dir", str(run_dir)],
             capture_output=True,
             text=True,
             timeout=600,
@@ -63,7 +63,7 @@ def _start_stack(ui: Ui, run_dir: Path) -> None:
 def _stop_stack(ui: Ui, run_dir: Path) -> None:
     with ui.console.status("[cyan]stopping the stack this demo started…[/]"):
         subprocess.run(
-            [sys.executable, "-m", "herald.cli", "down", "--run-dir", str(run_dir)],
+            [sys.executable, "-m", "infra.cli", "down", "--run-dir", str(run_dir)],
             capture_output=True,
             text=True,
             timeout=300,

@@ -20,7 +20,7 @@ Two views are reconciled, each from outside the process that could be lying:
 A duplicate is a second provider copy for one expected delivery: the same address (a unique
 address per expected delivery makes this exact) and, where the provider echoes a reference
 (Vonage `client-ref`, SendGrid `custom_args.delivery_id`, FCM/APNs collapse id), the same
-reference. The module is pure logic (no I/O), unit-tested in tests/herald/test_ledger.py.
+reference. The module is pure logic (no I/O), unit-tested in tests/infra/test_ledger.py.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Used by `herald demo` and by end-to-end tests, so both drive the platform the way an operator
 would: through the HTTP API (with the embedded stack's dev key), the simulators' `/_admin`
-routes (infra/simulators/server.py) and ClickHouse over HTTP (infra/clickhouse.py). Nothing in
+routes (infra/simulators/server.py) and ClickHouse over HTTP (herald/clickhouse.py). Nothing in
 here reaches into a process; `kill` only sends a signal, and the supervisor (infra/stack.py)
 restarts what died.
 
@@ -286,8 +286,8 @@ class StackClient:
     def clickhouse(self) -> ClickHouseClient:
         """A clickhouse-connect client on the stack's ClickHouse (database `herald`), shared."""
         if self._ch is None:
+            from herald.clickhouse import herald_client
             from herald.config import ClickHouseSettings
-            from infra.clickhouse import herald_client
 
             if self.clickhouse_dsn is None:
                 raise InfraError("no ClickHouse DSN known for this stack")

@@ -1,4 +1,4 @@
-"""herald.producer: upstream client publishing Avro requests and social events to Kafka."""
+"""api.producer: upstream client publishing Avro requests and social events to Kafka."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from datetime import UTC, datetime
 
 import pytest
 
+from api.producer import HeraldProducer, InvalidRequest
 from herald import ids
 from herald.config import HeraldSettings
 from herald.errors import DeliveryError
-from herald.producer import HeraldProducer, InvalidRequest
 from tests.api.conftest import read_topic
 
 

@@ -1,4 +1,4 @@
-"""herald.outbox: the transactional outbox relay (SQLite) → Kafka, safe to run twice."""
+"""api.outbox: the transactional outbox relay (SQLite) → Kafka, safe to run twice."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import threading
 import uuid
 from pathlib import Path
 
+from api.outbox import OutboxRelay, create_table, enqueue
+from api.producer import HeraldProducer
 from herald.config import HeraldSettings
-from herald.outbox import OutboxRelay, create_table, enqueue
-from herald.producer import HeraldProducer
 from tests.api.conftest import read_topic
 
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import httpx
 
-from herald.demo.context import TENANT, Ctx, apns_token
-from herald.demo.logic import SceneResult
+from infra.demo.context import TENANT, Ctx, apns_token
+from infra.demo.logic import SceneResult
 
 __all__ = ["engagement", "setup_engagement"]
 

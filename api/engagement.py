@@ -28,6 +28,7 @@ from redis.exceptions import RedisError
 
 from api.state import AppState, now_utc
 from herald import ids, keys
+from herald.topics import DELIVERY_EVENTS
 
 __all__ = ["Engagement", "emit"]
 
@@ -80,7 +81,7 @@ async def emit(
     if not ofs:
         return
     now = now_utc()
-    physical, serialize = st.serializers["herald.delivery-events"]
+    physical, serialize = st.serializers[DELIVERY_EVENTS]
     for of, generation in zip(ofs, await _generations(st, ofs), strict=True):
         record = {
             "event_id": ids.event_id(of.delivery_id, state, 0, discriminator, generation),

@@ -24,8 +24,9 @@ import orjson
 
 from api.models import NotificationCreate
 from api.problems import ProblemError
-from herald.catalog import Catalog, CatalogLookupError, NotificationType, locale_parents
+from herald.catalog import Catalog, NotificationType, locale_parents
 from herald.catalog import normalize_locale as _normalize
+from herald.errors import CatalogLookupError
 
 
 def _unprocessable(code: str, loc: list[str | int], msg: str) -> ProblemError:

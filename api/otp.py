@@ -20,10 +20,10 @@ from datetime import UTC, datetime, timedelta
 import orjson
 from redis.exceptions import RedisError
 
-from api.pii import mask_phone
 from api.problems import ProblemError
 from api.state import AppState, redis_unavailable
 from herald import keys
+from herald.pii import mask_phone
 
 log = logging.getLogger(__name__)
 

@@ -57,8 +57,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from api.producer import HeraldProducer, InvalidRequest
-from herald.errors import DeliveryError
+from api.producer import HeraldProducer
+from herald.errors import DeliveryError, InvalidRequest
 
 __all__ = ["OutboxRelay", "RelayRound", "create_table", "enqueue"]
 

@@ -33,12 +33,12 @@ from pydantic import ValidationError
 from herald import ids, tracing
 from herald.catalog import Catalog, load_catalog
 from herald.config import HeraldSettings, KafkaSettings
-from herald.errors import DeliveryError, HeraldError
-from herald.topics import load_topics, physical_subject
+from herald.errors import DeliveryError, InvalidRequest
+from herald.topics import SOCIAL_EVENTS, load_topics, physical_subject
 from schemas.registry import SchemaRegistry, make_registry
 from schemas.serde import AvroSerializer
 
-__all__ = ["HeraldProducer", "InvalidRequest", "PRODUCER_CONFIG"]
+__all__ = ["HeraldProducer", "PRODUCER_CONFIG"]
 
 log = logging.getLogger(__name__)
 
@@ -49,19 +49,9 @@ PRODUCER_CONFIG: dict[str, str | int | bool] = {
     "message.timeout.ms": 30_000,
     "allow.auto.create.topics": False,
 }
-SOCIAL_TOPIC = "herald.social-events"
+SOCIAL_TOPIC = SOCIAL_EVENTS
 
 OnDelivery = Callable[[str, Exception | None], None]
-
-
-class InvalidRequest(HeraldError):
-    """The request does not fit the API model or the catalog; `code` as the API's 4xx codes."""
-
-    def __init__(self, code: str, detail: str = "", loc: list[Any] | None = None) -> None:
-        super().__init__(f"{code}: {detail}" if detail else code)
-        self.code = code
-        self.detail = detail
-        self.loc = loc or []
 
 
 class HeraldProducer:

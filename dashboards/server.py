@@ -35,13 +35,14 @@ from dashboards.queries import PANELS, run_panel, window
 from herald.clickhouse import herald_client
 from herald.config import HeraldSettings
 from herald.metrics import BreakerCollector, read_breakers
+from herald.providers import EXTERNAL
 
 __all__ = ["DEFAULT_PROVIDERS", "Dashboards", "make_server"]
 
 log = logging.getLogger(__name__)
 
 STATIC = Path(__file__).with_name("static")
-DEFAULT_PROVIDERS = ("apns", "fcm", "sms_a", "sms_b", "email")
+DEFAULT_PROVIDERS = EXTERNAL
 _WINDOWS = (5, 15, 60, 360, 1440, 10080)  # minutes a caller may ask for
 
 

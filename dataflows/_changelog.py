@@ -37,8 +37,9 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
 
 from herald.config import KafkaSettings
 from herald.errors import InfraError
+from herald.kafka_records import KafkaMessage
 from sources.consumer import SharedConsumer, worker_consumer
-from sources.kafka import KafkaMessage, KafkaSource, consumer_config
+from sources.kafka import KafkaSource, consumer_config
 
 __all__ = ["CHANGELOG_FETCH_WAIT_MS", "CaughtUp", "ChangelogSource", "HeldTable"]
 

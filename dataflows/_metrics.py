@@ -13,6 +13,7 @@ from collections import Counter
 from typing import Any
 
 from herald.metrics import JobMetrics
+from herald.topics import DELIVERY_EVENTS
 from sinks.kafka import KafkaRecord
 
 __all__ = ["CountOutputs"]
@@ -31,7 +32,7 @@ class CountOutputs:
         *,
         events: bool = True,
         dead_letters: bool = True,
-        events_topic: str = "herald.delivery-events",
+        events_topic: str = DELIVERY_EVENTS,
     ) -> None:
         self.metrics = JobMetrics(job)
         self.events = events

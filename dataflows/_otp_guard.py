@@ -26,8 +26,9 @@ from collections.abc import Sequence
 import redis
 
 from herald import keys
-from herald.catalog import Catalog, CatalogLookupError
+from herald.catalog import Catalog
 from herald.config import SmsLimits
+from herald.errors import CatalogLookupError
 from herald.planning import API_SOURCE, Planned, PlanRequest
 
 __all__ = ["OtpGuard"]

@@ -30,11 +30,12 @@ from dataflows._otp_guard import OtpGuard
 from dataflows._redis import CapCharge, CapCounter, RequestGate, redis_client
 from dataflows._settings import Clock
 from herald import tracing
-from herald.catalog import Catalog, CatalogLookupError
+from herald.catalog import Catalog
 from herald.config import HeraldSettings, SmsLimits
 from herald.controls import PlanControls
 from herald.dead_letters import dead_letter
-from herald.errors import HeraldError
+from herald.errors import CatalogLookupError, HeraldError, InvalidRequest
+from herald.kafka_records import KafkaMessage
 from herald.plan_records import (
     CapDays,
     Output,
@@ -45,17 +46,10 @@ from herald.plan_records import (
     refuse_capped,
     user_records,
 )
-from herald.planning import (
-    AudienceBatch,
-    InvalidRequest,
-    PlanRequest,
-    UserView,
-    admit_request,
-)
+from herald.planning import AudienceBatch, PlanRequest, UserView, admit_request
 from herald.policy import Decision
 from herald.states import State
 from herald.tenants import TenantTypes
-from sources.kafka import KafkaMessage
 
 __all__ = ["Admission", "Planner"]
 

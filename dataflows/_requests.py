@@ -36,8 +36,9 @@ from herald.config import KafkaSettings
 from herald.controls import PAUSE_RECHECK_S, PAUSED, PlanControls
 from herald.dead_letters import dead_letter
 from herald.errors import SerdeError
+from herald.kafka_records import KafkaMessage
 from herald.planning import AudienceBatch, PlanRequest, chunk_users
-from sources.kafka import KafkaMessage, KafkaPartition, KafkaSource
+from sources.kafka import KafkaPartition, KafkaSource
 
 __all__ = ["Admit", "Expansion", "RequestSource"]
 

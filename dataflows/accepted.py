@@ -31,18 +31,20 @@ from dataflows._runtime import configure_process
 from herald import ids, tracing
 from herald.catalog import is_otp_type
 from herald.config import HeraldSettings
+from herald.kafka_records import Decoded
 from herald.metrics import JobMetrics
 from herald.status_keys import request_header
+from herald.topics import DELIVERY_EVENTS
 from schemas import schema_text
 from schemas.registry import make_registry
 from sinks.clickhouse import ClickHouseSink
 from sinks.kafka import encode_avro, topic_serializer
 from sinks.redis_status import HeaderSink
-from sources.kafka import Decoded, kafka_avro_input
+from sources.kafka import kafka_avro_input
 
 JOB = "accepted"
 REQUEST_TOPICS = ("herald.requests.transactional", "herald.requests.normal", "herald.requests.bulk")
-EVENTS_TOPIC = "herald.delivery-events"
+EVENTS_TOPIC = DELIVERY_EVENTS
 EVENTS_TABLE = "delivery_events"
 STATE = "ACCEPTED"
 

@@ -57,17 +57,19 @@ from herald.config import HeraldSettings
 from herald.digest import DigestWindow, from_ms, notification_request, to_ms
 from herald.digest_shard import DigestShard, EventItem
 from herald.errors import SerdeError
+from herald.kafka_records import KafkaMessage
 from herald.plan_records import Output
+from herald.topics import SOCIAL_EVENTS
 from schemas.registry import make_registry
 from sinks.kafka import KafkaProducerSink, KafkaRecord
-from sources.kafka import KafkaMessage, KafkaSource
+from sources.kafka import KafkaSource
 
 __all__ = ["DigestLogic", "EventParser", "build_flow"]
 
 log = logging.getLogger(__name__)
 
 JOB = "digest"
-EVENTS_TOPIC = "herald.social-events"
+EVENTS_TOPIC = SOCIAL_EVENTS
 # Recipients are spread over this many shards (Bytewax state keys). Changing it moves keys
 # between shards: a state migration, like renaming the `shard_windows` step.
 SHARDS = 64

@@ -57,9 +57,11 @@ from herald.delivery_fold import (
     Unmatched,
     event_generation,
 )
+from herald.kafka_records import Decoded
 from herald.metrics import JobMetrics
 from herald.receipts import BadReceipt, ReceiptEvent, join_key, joins_by_message_id, normalize
 from herald.status_keys import StatusUpdate
+from herald.topics import DELIVERY_EVENTS, RECEIPTS_RAW
 from schemas.registry import make_registry
 from sinks.addresses import AddressSink
 from sinks.clickhouse import ClickHouseSink
@@ -67,11 +69,11 @@ from sinks.consent import ConsentSink
 from sinks.kafka import encode_avro, topic_serializer
 from sinks.late_fallback import LateFallbackSink
 from sinks.redis_status import StatusSink
-from sources.kafka import Decoded, kafka_avro_input
+from sources.kafka import kafka_avro_input
 
 JOB = "receipts"
-RAW_TOPIC = "herald.receipts.raw"
-EVENTS_TOPIC = "herald.delivery-events"
+RAW_TOPIC = RECEIPTS_RAW
+EVENTS_TOPIC = DELIVERY_EVENTS
 FACTS_TABLE = "receipt_events"
 FACT_COLUMNS = (
     "provider_event_id", "provider", "receipt_id", "provider_msg_id", "delivery_id",

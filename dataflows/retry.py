@@ -42,11 +42,12 @@ from dataflows._settings import Clock
 from dataflows.schedule import BucketLogic, Release, is_keyed, is_record
 from herald.catalog import CHANNELS, TRAFFIC_CLASSES
 from herald.config import HeraldSettings
+from herald.kafka_records import Decoded
 from herald.plan_records import deliveries_topic
 from herald.scheduling import ScheduledEntry, bucket_key
 from schemas.registry import make_registry
 from sinks.kafka import KafkaRecord
-from sources.kafka import Decoded, kafka_avro_input
+from sources.kafka import kafka_avro_input
 
 __all__ = ["RetryParser", "build_flow", "retry_topic"]
 

@@ -46,19 +46,21 @@ from dataflows._settings import Clock, PlanningSettings, entry_settings
 from herald import ids
 from herald.catalog import CHANNELS, TRAFFIC_CLASSES
 from herald.config import HeraldSettings
+from herald.kafka_records import Decoded
 from herald.plan_records import EVENTS_TOPIC, Output, deliveries_topic
 from herald.scheduling import Bucket, ScheduledEntry, bucket_key, release_at
 from herald.states import State
+from herald.topics import SCHEDULED
 from schemas.registry import make_registry
 from sinks.kafka import KafkaProducerSink, KafkaRecord
-from sources.kafka import Decoded, kafka_avro_input
+from sources.kafka import kafka_avro_input
 
 __all__ = ["BucketLogic", "EntryParser", "build_flow", "expired_event"]
 
 log = logging.getLogger(__name__)
 
 JOB = "schedule"
-SCHEDULED_TOPIC = "herald.scheduled"
+SCHEDULED_TOPIC = SCHEDULED
 
 
 class EntryParser:

@@ -51,23 +51,23 @@ from dataflows._copies import RedisHeld
 from dataflows._redis import redis_client
 from dataflows._settings import entry_settings
 from herald import keys
-from herald.catalog import InvalidLocale
 from herald.config import HeraldSettings
-from herald.errors import SerdeError
+from herald.errors import InvalidLocale, InvalidTimeOfDay, InvalidTimezone, SerdeError
+from herald.kafka_records import KafkaMessage
 from herald.policy import ContactPoints, Preferences
-from herald.quiet_hours import InvalidTimeOfDay, InvalidTimezone
+from herald.topics import DEVICES, PREFERENCES
 from schemas.registry import make_registry
 from schemas.serde import AvroDeserializer
 from sinks.kafka import KafkaProducerSink, kafka_output, to_dead_letter_topic
-from sources.kafka import KafkaMessage, partition_ends
+from sources.kafka import partition_ends
 
 __all__ = ["ChangelogDecoder", "CopyWrite", "build_flow", "wait_copied"]
 
 log = logging.getLogger(__name__)
 
 JOB = "users"
-PREFERENCES_TOPIC = "herald.preferences"
-DEVICES_TOPIC = "herald.devices"
+PREFERENCES_TOPIC = PREFERENCES
+DEVICES_TOPIC = DEVICES
 
 # KEYS: ready hash, restored marker; ARGV: part, number of parts, restored value
 _READY = """

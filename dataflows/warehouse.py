@@ -24,14 +24,16 @@ from bytewax.dataflow import Dataflow
 from dataflows._runtime import configure_process
 from dataflows.accepted import event_columns
 from herald.config import HeraldSettings
+from herald.kafka_records import Decoded
 from herald.metrics import JobMetrics
+from herald.topics import DELIVERY_EVENTS
 from schemas.registry import make_registry
 from sinks.clickhouse import ClickHouseSink
 from sinks.kafka import KafkaProducerSink, kafka_output, to_dead_letter_topic
-from sources.kafka import Decoded, kafka_avro_input
+from sources.kafka import kafka_avro_input
 
 JOB = "warehouse"
-EVENTS_TOPIC = "herald.delivery-events"
+EVENTS_TOPIC = DELIVERY_EVENTS
 EVENTS_TABLE = "delivery_events"
 
 

@@ -35,8 +35,15 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from herald.errors import ConfigError, HeraldError
-from herald.quiet_hours import InvalidTimezone, get_zone
+from herald.errors import (
+    ConfigError,
+    InvalidLocale,
+    InvalidTimezone,
+    NoTemplate,
+    UnknownNotificationType,
+    UnknownTemplateVersion,
+)
+from herald.quiet_hours import get_zone
 
 if TYPE_CHECKING:
     from herald.digest import DigestConfig
@@ -48,16 +55,8 @@ __all__ = [
     "TRAFFIC_CLASSES",
     "CapConfig",
     "Catalog",
-    "CatalogLookupError",
-    "InvalidLocale",
     "LocaleRules",
-    "MissingParam",
-    "NoTemplate",
     "NotificationType",
-    "RenderFailed",
-    "TemplateError",
-    "UnknownNotificationType",
-    "UnknownTemplateVersion",
     "load_catalog",
     "loads_catalog",
     "normalize_locale",
@@ -78,62 +77,6 @@ _FLAGS = (
     "allow_unverified_contact",
     "secret",
 )
-
-
-class CatalogLookupError(HeraldError):
-    """A lookup against the catalog failed; `code` is machine-readable (API 422, dead letters)."""
-
-    def __init__(self, code: str, detail: str = "") -> None:
-        super().__init__(f"{code}: {detail}" if detail else code)
-        self.code = code
-        self.detail = detail
-
-
-class UnknownNotificationType(CatalogLookupError):
-    """The notification type is not in the catalog."""
-
-    def __init__(self, name: object) -> None:
-        super().__init__("unknown_notification_type", repr(name))
-
-
-class TemplateError(CatalogLookupError):
-    """A template could not be selected or rendered."""
-
-
-class UnknownTemplateVersion(TemplateError):
-    """The pinned template version does not exist for the type."""
-
-    def __init__(self, type_name: str, version: object) -> None:
-        super().__init__("unknown_template_version", f"{type_name} has no version {version!r}")
-
-
-class NoTemplate(TemplateError):
-    """The type has no template for the channel."""
-
-    def __init__(self, type_name: str, channel: str) -> None:
-        super().__init__(f"no_template:{channel}", f"{type_name} has no {channel!r} template")
-
-
-class InvalidLocale(TemplateError):
-    """A locale is not a well-formed BCP 47 tag."""
-
-    def __init__(self, value: object) -> None:
-        super().__init__("invalid_locale", repr(value))
-
-
-class MissingParam(TemplateError):
-    """A parameter the template needs was not given."""
-
-    def __init__(self, name: str) -> None:
-        super().__init__(f"missing_param:{name}")
-        self.param = name
-
-
-class RenderFailed(TemplateError):
-    """The template engine refused to render (sandbox violation, bad filter argument...)."""
-
-    def __init__(self, detail: str) -> None:
-        super().__init__("render_failed", detail)
 
 
 def _next_channels(fallback: Mapping[str, tuple[str, ...]], channel: str) -> tuple[str, ...]:

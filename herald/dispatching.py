@@ -36,6 +36,7 @@ from herald import ids
 from herald.backoff import BackoffPolicy
 from herald.outcomes import Outcome
 from herald.policy import Preferences
+from herald.providers import DEFAULT_PROVIDER
 from herald.receipts import address_tag
 from herald.retry import (
     Action,
@@ -54,7 +55,6 @@ from herald.retry import (
 from herald.states import State
 
 __all__ = [
-    "DEFAULT_PROVIDERS",
     "Effects",
     "GuardOp",
     "Skip",
@@ -74,9 +74,6 @@ __all__ = [
     "sent_marker",
 ]
 
-DEFAULT_PROVIDERS: Mapping[str, str] = {"sms": "sms_a", "email": "email", "inapp": "inbox"}
-"""Provider of a channel when the delivery names none (push uses its platform)."""
-
 GuardOp = Literal["sent", "release", "unknown", "keep"]
 
 
@@ -87,9 +84,7 @@ def instant(value: Any) -> datetime | None:
     return datetime.fromtimestamp(int(value) / 1000, UTC)
 
 
-def provider_of(
-    delivery: Mapping[str, Any], defaults: Mapping[str, str] = DEFAULT_PROVIDERS
-) -> str:
+def provider_of(delivery: Mapping[str, Any], defaults: Mapping[str, str] = DEFAULT_PROVIDER) -> str:
     """The provider to call: the delivery's, else its push platform, else the channel default."""
     chosen = delivery.get("provider") or (
         delivery.get("platform") if delivery["channel"] == "push" else None

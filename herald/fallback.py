@@ -47,6 +47,7 @@ from herald import ids
 from herald.catalog import NotificationType
 from herald.dispatching import instant, opt_out_reason
 from herald.policy import Preferences
+from herald.providers import DEFAULT_PROVIDER
 from herald.quiet_hours import quiet_until
 from herald.states import State
 
@@ -200,7 +201,7 @@ def _addresses(
         return "address_disabled" if disabled else "no_contact_point"
     if not verified and not unverified_ok:
         return why
-    default = {"sms": "sms_a", "email": "email"}.get(channel)
+    default = DEFAULT_PROVIDER.get(channel)
     return [{"address": value, "platform": None, "provider": provider or default,
              "device_id": None}]  # fmt: skip
 

@@ -52,7 +52,7 @@ under the PII key (herald.config.PiiSettings).
 from __future__ import annotations
 
 from herald.config import pii_digest
-from herald.status_keys import header_key
+from herald.status_keys import header_key, status_key
 
 
 def idem(nid: str) -> str:
@@ -64,7 +64,7 @@ def notif(nid: str) -> str:
 
 
 def status(nid: str) -> str:
-    return f"status:{{{nid}}}"
+    return status_key(nid)  # one home: herald.status_keys
 
 
 def rate(tenant_id: str, second: int) -> str:

@@ -37,7 +37,8 @@ from typing import Any, NamedTuple
 
 from herald import ids
 from herald.caps import CapBucket, cap_key, ttl_seconds
-from herald.catalog import Catalog, TemplateError
+from herald.catalog import Catalog
+from herald.errors import TemplateError
 from herald.planning import PlanRequest, UserView
 from herald.planning_ids import PlanIds
 from herald.policy import Address, Decision, Hold, Send, Suppress, decide
@@ -45,6 +46,7 @@ from herald.quiet_hours import local_day
 from herald.render import BoundTemplate, Rendered, compiled
 from herald.scheduling import local_send_at
 from herald.states import State
+from herald.topics import DELIVERY_EVENTS, SCHEDULED
 
 __all__ = [
     "EVENTS_TOPIC",
@@ -63,8 +65,8 @@ __all__ = [
     "user_records",
 ]
 
-EVENTS_TOPIC = "herald.delivery-events"
-SCHEDULED_TOPIC = "herald.scheduled"
+EVENTS_TOPIC = DELIVERY_EVENTS
+SCHEDULED_TOPIC = SCHEDULED
 
 
 def deliveries_topic(channel: str, traffic_class: str) -> str:

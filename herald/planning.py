@@ -17,8 +17,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from herald.catalog import Catalog, MissingParam, normalize_locale
-from herald.errors import HeraldError
+from herald.catalog import Catalog, normalize_locale
+from herald.errors import InvalidRequest, MissingParam
 from herald.ids import notification_id
 from herald.policy import ContactPoints, PolicyRequest, Preferences
 from herald.tracing import traceparent
@@ -28,7 +28,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AudienceBatch",
-    "InvalidRequest",
     "PlanRequest",
     "Planned",
     "UserView",
@@ -41,15 +40,6 @@ UserParams = Mapping[str, str] | None
 
 API_SOURCE = "api"  # `source` of the requests the API accepted (it made their ids)
 DIGEST_SOURCE = "digest"  # `source` of the requests the digest job made (herald/digest.py)
-
-
-class InvalidRequest(HeraldError):
-    """A request the plan job cannot plan; `code` is machine-readable (dead-letter reason)."""
-
-    def __init__(self, code: str, detail: str = "") -> None:
-        super().__init__(f"{code}: {detail}" if detail else code)
-        self.code = code
-        self.detail = detail
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,11 +29,9 @@ from datetime import UTC, date, datetime, time, timedelta
 from functools import lru_cache
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from herald.errors import HeraldError
+from herald.errors import InvalidTimeOfDay, InvalidTimezone
 
 __all__ = [
-    "InvalidTimeOfDay",
-    "InvalidTimezone",
     "QuietWindow",
     "end_of_local_day",
     "get_zone",
@@ -48,26 +46,6 @@ _HHMM = re.compile(r"^([01]\d|2[0-3]):([0-5]\d)$")
 _REJECTED_KEYS = frozenset({"localtime", "posixrules", "Factory", "posix/localtime"})
 _ONE_DAY = timedelta(days=1)
 _ONE_SECOND = timedelta(seconds=1)
-
-
-class InvalidTimezone(HeraldError):
-    """A time zone name is not a usable IANA key. `code` is `invalid_timezone`."""
-
-    code = "invalid_timezone"
-
-    def __init__(self, name: object) -> None:
-        super().__init__(f"invalid_timezone: {name!r} is not an IANA time zone")
-        self.name = name
-
-
-class InvalidTimeOfDay(HeraldError):
-    """A local time is not `HH:MM` (24 h). `code` is `invalid_time_of_day`."""
-
-    code = "invalid_time_of_day"
-
-    def __init__(self, value: object) -> None:
-        super().__init__(f"invalid_time_of_day: {value!r} is not HH:MM (00:00-23:59)")
-        self.value = value
 
 
 @lru_cache(maxsize=1024)

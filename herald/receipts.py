@@ -36,9 +36,11 @@ from urllib.parse import parse_qsl
 import orjson
 
 from herald.config import pii_digest
+from herald.providers import PROVIDERS, WEBHOOK
 
 __all__ = [
     "CHANNEL_OF",
+    "SOURCES",
     "DEAD_ADDRESS",
     "OPT_OUT",
     "BadReceipt",
@@ -51,9 +53,10 @@ __all__ = [
     "normalize",
 ]
 
-# Provider -> channel of the deliveries it reports on.
+# Source -> channel of the deliveries it reports on: the webhook providers, the in-app inbox's
+# reads and the app's own engagement events (push opens).
 CHANNEL_OF: Mapping[str, str] = {
-    "sms_a": "sms", "sms_b": "sms", "email": "email", "inbox": "inapp", "app": "push",
+    **{name: PROVIDERS[name].channel for name in WEBHOOK}, "inbox": "inapp", "app": "push",
 }  # fmt: skip
 
 _MAX_EXTRA = 20  # unknown fields kept per event
@@ -481,4 +484,6 @@ _PARSERS: Mapping[str, Callable[[Mapping[str, Any], bytes], list[ReceiptEvent]]]
     "inbox": _internal,
     "app": _internal,
 }
+SOURCES = frozenset(_PARSERS)
+"""Every source whose receipts `normalize` reads (the webhook providers, the inbox, the app)."""
 _HINTED = frozenset({"inbox", "app"})  # receipts that carry the delivery id

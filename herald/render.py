@@ -38,12 +38,11 @@ from herald.catalog import (
     Catalog,
     Fields,
     LocaleRules,
-    MissingParam,
     NotificationType,
     ParseContext,
-    RenderFailed,
     locale_parents,
 )
+from herald.errors import MissingParam, RenderFailed
 
 if TYPE_CHECKING:
     from herald.digest import DigestText

@@ -43,12 +43,11 @@ from typing import Any
 import orjson
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from herald.errors import HeraldError
+from herald.errors import SealUnavailable
 
 __all__ = [
     "MAGIC",
     "SEALED_FIELDS",
-    "SealUnavailable",
     "Sealer",
     "is_sealed",
     "key_name",
@@ -69,10 +68,6 @@ _EMPTY: dict[str, Any] = {
     "fallback_content": [],
 }
 _NO_EXPIRY = timedelta(days=1)  # a delivery always has one; this is a floor, never used
-
-
-class SealUnavailable(HeraldError):
-    """The hour's key could not be read or made (Redis unreachable)."""
 
 
 def is_sealed(value: bytes | None) -> bool:

@@ -20,8 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from herald.errors import ConfigError
-from herald.planning import InvalidRequest
+from herald.errors import ConfigError, InvalidRequest
 
 __all__ = ["TenantTypes", "read_tenants_file"]
 

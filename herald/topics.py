@@ -16,6 +16,15 @@ from herald.errors import ConfigError
 
 CleanupPolicy = Literal["delete", "compact"]
 
+# The logical topics the code names (each declared in herald/topics.toml: a test checks).
+DELIVERY_EVENTS = "herald.delivery-events"
+DEAD_LETTERS = "herald.dead-letters"
+DEVICES = "herald.devices"
+PREFERENCES = "herald.preferences"
+SOCIAL_EVENTS = "herald.social-events"
+SCHEDULED = "herald.scheduled"
+RECEIPTS_RAW = "herald.receipts.raw"
+
 
 @dataclass(frozen=True)
 class TopicSpec:

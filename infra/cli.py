@@ -26,6 +26,7 @@ from rich.table import Table
 
 from herald.config import ClickHouseSettings, HeraldSettings, RunSettings
 from herald.errors import HeraldError
+from herald.topics import DEAD_LETTERS
 from infra.cli_campaigns import register as register_campaigns
 from infra.cli_segments import app as segments_app
 
@@ -303,7 +304,7 @@ def replay(
 
     settings = _stack_settings(run_dir)
     exclude: set[str] = set()
-    if topic == "herald.dead-letters" and into is None:
+    if topic == DEAD_LETTERS and into is None:
         # dispatch's letters are replayed by infra.dlq: same delivery_id and expire_at, a
         # fresh retry budget, expiry and opt-out re-checked; the rest by infra.replay
         from infra.dlq import replay_dead_letters

@@ -50,6 +50,7 @@ from herald.config import HeraldSettings
 from herald.dispatching import event, recheck
 from herald.errors import DeliveryError, SerdeError
 from herald.sealing import Sealer
+from herald.topics import DELIVERY_EVENTS
 from schemas.registry import make_registry
 from schemas.serde import AvroDeserializer
 from sinks.channels.contacts import ContactStore
@@ -63,7 +64,7 @@ __all__ = ["DlqReplayResult", "replay_dead_letters"]
 log = logging.getLogger(__name__)
 
 JOB = "dispatch"
-EVENTS_TOPIC = "herald.delivery-events"
+EVENTS_TOPIC = DELIVERY_EVENTS
 MARK_TTL_S = 30 * 86400
 Progress = Callable[[int], None]
 

@@ -30,6 +30,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from herald.providers import providers_of
+
 __all__ = [
     "DeliveryOutcome",
     "ExpectedDelivery",
@@ -49,9 +51,7 @@ TERMINAL = frozenset({"SUPPRESSED", "EXPIRED", "FAILED_PERMANENT"})
 # Which providers serve a channel: copies of one delivery at any of them count together
 # (a failover from sms_a to sms_b after an unseen acceptance is a duplicate to the user).
 CHANNEL_PROVIDERS: Mapping[str, tuple[str, ...]] = {
-    "sms": ("sms_a", "sms_b"),
-    "email": ("email",),
-    "push": ("apns", "fcm"),
+    channel: providers_of(channel) for channel in ("sms", "email", "push")
 }
 
 

@@ -42,14 +42,14 @@ from herald.clickhouse import herald_client
 from herald.config import HeraldSettings
 from herald.errors import DeliveryError, HeraldError, SerdeError
 from herald.sealing import Sealer
+from herald.topics import DEAD_LETTERS, DELIVERY_EVENTS
 from schemas.registry import make_registry
 from schemas.serde import AvroDeserializer
 from sources.kafka import partition_ends
 
 __all__ = ["ReplayResult", "parse_time", "replay", "replay_cli"]
 
-EVENTS_TOPIC = "herald.delivery-events"
-DEAD_LETTERS = "herald.dead-letters"
+EVENTS_TOPIC = DELIVERY_EVENTS
 UNREPLAYABLE = frozenset({"encode_failed", "record_too_large"})
 MARK_TTL_S = 30 * 24 * 3600
 _BATCH = 5000

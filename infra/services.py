@@ -24,6 +24,7 @@ from pathlib import Path
 
 from herald.catalog import CHANNELS
 from herald.errors import InfraError
+from herald.providers import EXTERNAL
 from infra.process import port_open
 
 
@@ -215,7 +216,7 @@ def http_app(
     )
 
 
-PROVIDER_SIMULATORS = ("apns", "fcm", "sms_a", "sms_b", "email")
+PROVIDER_SIMULATORS = EXTERNAL  # every external provider has its simulator
 
 
 def simulator(name: str) -> Component:

@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any, Self
 
 import httpx
 
-from herald.errors import InfraError
+from herald.errors import ApiError, InfraError, StackNotRunningError
+from herald.providers import EXTERNAL
 
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client as ClickHouseClient
@@ -35,26 +36,11 @@ __all__ = [
     "SIMULATORS",
     "SimulatorAdmin",
     "StackClient",
-    "StackNotRunningError",
-    "ApiError",
 ]
 
 # The embedded stack's dev key (api/tenants.toml); never valid in production.
 DEV_API_KEY = "hk_dev_local_do_not_use_in_production"
-SIMULATORS = ("apns", "fcm", "sms_a", "sms_b", "email")
-
-
-class StackNotRunningError(InfraError):
-    """No ready stack in the run directory (start one with `make run` or `herald up -d`)."""
-
-
-class ApiError(InfraError):
-    """The API answered something else than the expected status; the message has its body."""
-
-    def __init__(self, what: str, response: httpx.Response) -> None:
-        super().__init__(f"{what}: HTTP {response.status_code}: {response.text[:2000]}")
-        self.status_code = response.status_code
-        self.body = response.text
+SIMULATORS = EXTERNAL
 
 
 def _expect(response: httpx.Response, status: int | tuple[int, ...], what: str) -> Any:

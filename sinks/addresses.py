@@ -27,6 +27,7 @@ from bytewax.outputs import DynamicSink
 from herald.config import HeraldSettings
 from herald.delivery_fold import DeadAddress
 from herald.receipts import address_tag
+from herald.topics import DEVICES
 from schemas.registry import make_registry
 from sinks.channels.contacts import ContactStore
 from sinks.kafka import KafkaRecord, topic_serializer
@@ -36,7 +37,7 @@ __all__ = ["AddressSink"]
 
 log = logging.getLogger(__name__)
 
-DEVICES_TOPIC = "herald.devices"
+DEVICES_TOPIC = DEVICES
 
 
 def _tagged(tag: str, key: bytes) -> Callable[[str], bool]:

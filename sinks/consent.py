@@ -36,6 +36,7 @@ from bytewax.outputs import DynamicSink
 from herald import keys
 from herald.config import HeraldSettings
 from herald.delivery_fold import OptOut
+from herald.topics import PREFERENCES
 from herald.user_records import empty_preferences, with_opt_out
 from schemas.registry import make_registry
 from sinks.kafka import KafkaRecord, topic_serializer
@@ -45,7 +46,7 @@ __all__ = ["ConsentSink", "PreferenceStore"]
 
 log = logging.getLogger(__name__)
 
-PREFERENCES_TOPIC = "herald.preferences"
+PREFERENCES_TOPIC = PREFERENCES
 OptOutResult = Literal["added", "already"]
 Publish = Callable[[str, dict[str, Any]], None]
 

@@ -41,6 +41,7 @@ from herald.controls import DispatchControls, parked_entry
 from herald.dispatching import instant
 from herald.errors import DeliveryError
 from herald.guard import SendGuard
+from herald.kafka_records import Decoded
 from herald.metrics import JobMetrics
 from herald.sealing import Sealer, open_delivery
 from herald.shaping import RateShaper
@@ -56,7 +57,6 @@ from sinks.channels.sending import ShapedSender
 from sinks.channels.settings import DispatchSettings
 from sinks.channels.work import DeadLetterOut, Outputs
 from sinks.kafka import KafkaProducerSink
-from sources.kafka import Decoded
 
 __all__ = ["DispatchSink", "redis_client", "utc_now"]
 

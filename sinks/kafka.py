@@ -35,9 +35,9 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from herald.config import HeraldSettings, KafkaSettings
 from herald.dead_letters import DETAIL_MAX, dead_letter
-from herald.errors import DeliveryError, SerdeError
-from herald.sealing import Sealer, SealUnavailable, is_sealed
-from herald.topics import load_topics, physical_subject
+from herald.errors import DeliveryError, SealUnavailable, SerdeError
+from herald.sealing import Sealer, is_sealed
+from herald.topics import DEAD_LETTERS, load_topics, physical_subject
 from schemas.registry import SchemaRegistry
 from schemas.serde import AvroSerializer
 from sinks.base import DeliveryTracker, EpochFlushPartition, EpochFlushSink, retry_while_full
@@ -59,7 +59,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-DEAD_LETTER_TOPIC = "herald.dead-letters"
+DEAD_LETTER_TOPIC = DEAD_LETTERS
 # Below the broker's default message.max.bytes (1 MiB) with room for headers and framing.
 MAX_RECORD_BYTES = 1_000_000
 

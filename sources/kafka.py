@@ -22,7 +22,6 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any, Literal, cast
 
 import bytewax.operators as op
@@ -39,16 +38,14 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient
 
 from herald.config import HeraldSettings, KafkaSettings
-from herald.dead_letters import dead_letter
 from herald.errors import InfraError, SerdeError
+from herald.kafka_records import Decoded, KafkaMessage
 from schemas.registry import SchemaRegistry, make_registry
 from schemas.serde import AvroDeserializer
 from sources.consumer import PERMANENT, SharedConsumer, worker_consumer
 
 __all__ = [
     "DecodeOut",
-    "Decoded",
-    "KafkaMessage",
     "KafkaPartition",
     "KafkaSource",
     "decode_avro",
@@ -89,33 +86,6 @@ def consumer_config(kafka: KafkaSettings, step_id: str) -> dict[str, Any]:
         "group.id": f"herald-{step_id}",
         "client.id": f"herald-{step_id}",
     }
-
-
-@dataclass(frozen=True, slots=True)
-class KafkaMessage:
-    """One record as read from Kafka. `timestamp_ms` is the record's create/log-append time."""
-
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes | None
-    timestamp_ms: int | None = None
-    headers: tuple[tuple[str, bytes | None], ...] | None = None  # None: the record has none
-
-    @property
-    def timestamp(self) -> datetime | None:
-        """The record timestamp as a tz-aware UTC datetime (Bytewax clocks need tz-aware)."""
-        if self.timestamp_ms is None:
-            return None
-        return datetime.fromtimestamp(self.timestamp_ms / 1000, UTC)
-
-    def dead_letter(self, reason: str, detail: str, job: str, **extra: Any) -> dict[str, Any]:
-        """A dead letter carrying this record's coordinates and raw bytes, unchanged."""
-        return dead_letter(
-            source_topic=self.topic, partition=self.partition, offset=self.offset,
-            key=self.key, value=self.value, reason=reason, detail=detail, job=job, **extra,
-        )  # fmt: skip
 
 
 class KafkaSource(FixedPartitionedSource[KafkaMessage, int | None]):
@@ -268,14 +238,6 @@ def _headers(msg: Message) -> tuple[tuple[str, bytes | None], ...] | None:
     pairs = headers.items() if isinstance(headers, dict) else headers
     return tuple((name, value.encode() if isinstance(value, str) else value)
                  for name, value in pairs)  # fmt: skip
-
-
-@dataclass(frozen=True, slots=True)
-class Decoded:
-    """A decoded record: the raw message (for dead-lettering later) and its Avro value."""
-
-    message: KafkaMessage
-    value: dict[str, Any]
 
 
 @dataclass(frozen=True)

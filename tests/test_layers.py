@@ -14,14 +14,16 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
-# From the bottom up. herald/ is the domain core; infra/ (launcher, CLI, demo, stack client,
-# ledger, replay, simulators) and bench/ are the tooling on top, which nothing else imports.
+# From the bottom up. herald/ is the domain core with the records the stages share; the stages
+# (sources, sinks, the API) import the core and the contracts (schemas), never each other; a
+# dataflow is built from sources and sinks; infra/ (launcher, CLI, demo, stack client, ledger,
+# replay, simulators) and bench/ are the tooling on top, which nothing else imports.
 MAY_IMPORT: dict[str, tuple[str, ...]] = {
     "herald": (),
     "schemas": ("herald",),
     "sources": ("herald", "schemas"),
-    "sinks": ("herald", "schemas", "sources"),
-    "api": ("herald", "schemas", "sources", "sinks"),
+    "sinks": ("herald", "schemas"),
+    "api": ("herald", "schemas"),
     "dataflows": ("herald", "schemas", "sources", "sinks"),
     "dashboards": ("herald", "schemas", "sources"),
     "infra": ("herald", "schemas", "sources", "sinks", "api", "dataflows", "dashboards"),
@@ -96,8 +98,8 @@ def test_the_check_sees_imports_inside_functions(tmp_path: Path) -> None:
         "def f():\n    from infra.stack import read_state\n    import dataflows.plan\n"
     )
     assert forbidden_imports(tmp_path) == [
-        "sinks/x.py:6 imports infra (sinks/ may import: herald, schemas, sources)",
-        "sinks/x.py:7 imports dataflows (sinks/ may import: herald, schemas, sources)",
+        "sinks/x.py:6 imports infra (sinks/ may import: herald, schemas)",
+        "sinks/x.py:7 imports dataflows (sinks/ may import: herald, schemas)",
     ]
 
 
@@ -106,3 +108,22 @@ def test_the_readme_shows_these_rules() -> None:
     assert MATRIX_START in readme and MATRIX_END in readme, "README lacks the import matrix"
     shown = readme.split(MATRIX_START, 1)[1].split(MATRIX_END, 1)[0].strip()
     assert shown == render_matrix(), "README's import matrix is stale:\n" + render_matrix()
+
+
+def test_every_exception_class_lives_in_herald_errors() -> None:
+    """One exception tree in one module (STYLE 16): no class elsewhere derives from its classes."""
+    tree = ast.parse((REPO / "herald" / "errors.py").read_text())
+    ours = {node.name for node in tree.body if isinstance(node, ast.ClassDef)}
+    elsewhere = [
+        f"{path.relative_to(REPO)}:{node.lineno} class {node.name}"
+        for package in MAY_IMPORT
+        for path in sorted((REPO / package).rglob("*.py"))
+        if path != REPO / "herald" / "errors.py"
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ClassDef)
+        and any(
+            isinstance(b, ast.Name | ast.Attribute) and ast.unparse(b).split(".")[-1] in ours
+            for b in node.bases
+        )  # fmt: skip
+    ]
+    assert "HeraldError" in ours and not elsewhere, "\n".join(elsewhere)

@@ -25,13 +25,15 @@ from fastapi import APIRouter, Path, Request
 from fastapi.responses import Response
 
 from api.problems import ProblemError, problem_responses
+from api.signatures import verify_sendgrid, verify_twilio, verify_vonage
 from api.state import AppState, now_utc, state_of
-from sinks.providers.signatures import verify_sendgrid, verify_twilio, verify_vonage
+from herald.providers import WEBHOOK
+from herald.topics import RECEIPTS_RAW
 
 log = logging.getLogger(__name__)
 router = APIRouter(tags=["callbacks"])
 
-PROVIDERS = ("sms_a", "sms_b", "email")
+PROVIDERS = WEBHOOK
 _DROP_HEADERS = {"authorization", "proxy-authorization", "cookie", "x-api-key"}
 SENDGRID_SIG = "x-twilio-email-event-webhook-signature"
 SENDGRID_TS = "x-twilio-email-event-webhook-timestamp"
@@ -147,6 +149,6 @@ async def provider_callback(
         "signature_valid": True,
         "remote_addr": request.client.host if request.client else None,
     }
-    await st.publish("herald.receipts.raw", provider, record)
+    await st.publish(RECEIPTS_RAW, provider, record)
     st.metrics.callbacks.labels(provider).inc()
     return Response(status_code=204)

@@ -43,7 +43,6 @@ from api.models import (
     with_device,
 )
 from api.otp import sms_prefix_problem
-from api.pii import mask_email, mask_phone
 from api.problems import ProblemError, dumps, problem_responses
 from api.routes import PathId
 from api.state import (
@@ -57,6 +56,8 @@ from api.state import (
     wait_restored,
 )
 from herald import keys
+from herald.pii import mask_email, mask_phone
+from herald.topics import DEVICES
 from herald.user_records import without_device
 
 log = logging.getLogger(__name__)
@@ -152,7 +153,7 @@ async def _modify(
         if changed is current:
             return current
         new = _as_ms(changed)
-        await st.publish("herald.devices", user_id, new)
+        await st.publish(DEVICES, user_id, new)
         await st.redis.set(keys.contact_points(user_id), orjson.dumps(new))
         return new
 

@@ -25,6 +25,7 @@ from api.problems import ProblemError, dumps, problem_responses
 from api.routes import PathId
 from api.state import AppState, from_ms, guarded, now_utc, redis_unavailable, to_ms, user_lock
 from herald import keys
+from herald.topics import PREFERENCES
 
 log = logging.getLogger(__name__)
 router = APIRouter(tags=["preferences"])
@@ -59,7 +60,7 @@ async def _replace(st: AppState, user_id: str, body: PreferencesIn) -> dict[str,
     now_us = time.time_ns() // 1000
     version = int(await st.script(keys.NEXT_VERSION, [keys.prefs_version(user_id)], [now_us]))
     record = to_preferences_record(user_id, body, now, version)
-    await st.publish("herald.preferences", user_id, record)
+    await st.publish(PREFERENCES, user_id, record)
     stored = {**record, "updated_at": to_ms(now)}
     try:
         await st.script(keys.COPY_IF_NEWER, [keys.prefs(user_id)], [orjson.dumps(stored), version])

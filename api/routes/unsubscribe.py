@@ -28,6 +28,7 @@ from fastapi.responses import HTMLResponse
 from api.problems import ProblemError, problem_responses
 from api.state import AppState, now_utc, state_of, to_ms, user_lock, wait_restored
 from herald import keys, links
+from herald.topics import PREFERENCES
 from herald.user_records import empty_preferences, with_opt_out
 
 log = logging.getLogger(__name__)
@@ -99,6 +100,6 @@ async def _opt_out(st: AppState, user_id: str, entry: str) -> bool:
     version = int(await st.script(keys.NEXT_VERSION, [keys.prefs_version(user_id)], [now_us]))
     record = with_opt_out(current, entry, version, to_ms(now))
     assert record is not None  # the entry is not there (checked under the lock)
-    await st.publish("herald.preferences", user_id, record)
+    await st.publish(PREFERENCES, user_id, record)
     await st.script(keys.COPY_IF_NEWER, [keys.prefs(user_id)], [orjson.dumps(record), version])
     return True

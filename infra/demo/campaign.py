@@ -11,6 +11,7 @@ import os
 import time
 from typing import Any
 
+from herald.providers import providers_of
 from infra.demo.context import SENT, Ctx, first_event, state_counts
 from infra.demo.loader import campaign_address
 from infra.demo.logic import SceneResult, rate_per_second
@@ -56,7 +57,7 @@ def otp_during_campaign(ctx: Ctx, segment_id: str, budget: float) -> SceneResult
     unsubscribe_tail(ctx)
     ui.wait("waiting for the campaign to start draining", draining, timeout=180)
     phone, user = ctx.facts["otp_phone"], ctx.user("otp")
-    sms_stats = {p: stack.sim(p) for p in ("sms_a", "sms_b")}
+    sms_stats = {p: stack.sim(p) for p in providers_of("sms")}
     t0 = time.monotonic()
     otp = stack.send(
         {

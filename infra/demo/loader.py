@@ -21,13 +21,14 @@ from confluent_kafka import Producer
 from api.producer import PRODUCER_CONFIG, HeraldProducer
 from herald.config import HeraldSettings
 from herald.errors import DeliveryError
+from herald.topics import DEVICES
 from schemas.registry import make_registry
 from sinks.kafka import topic_serializer
 
 __all__ = ["campaign_address", "campaign_user", "load_audience", "publish_events"]
 
 Progress = Callable[[int], None]
-CONTACTS_TOPIC = "herald.devices"
+CONTACTS_TOPIC = DEVICES
 
 
 def campaign_user(run_id: str, i: int) -> str:

@@ -25,12 +25,12 @@ from pathlib import Path
 
 import httpx
 
-from herald.errors import InfraError
+from herald.errors import InfraError, StackNotRunningError
 from infra.demo import campaign, context, engagement, scenes
 from infra.demo.loader import campaign_user, load_audience
 from infra.demo.logic import QuietPlan, SceneResult, like_storm, quiet_window_ending_soon
 from infra.demo.ui import Ui
-from infra.stackclient import StackClient, StackNotRunningError
+from infra.stackclient import StackClient
 
 __all__ = ["run_demo", "DEFAULT_CAMPAIGN_SIZE"]
 

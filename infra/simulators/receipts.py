@@ -4,7 +4,7 @@
 `ReceiptConfig` (base delay + step gap; reversed with probability `out_of_order`; each status
 repeated with probability `duplicate`). `CallbackPoster` posts them at those delays. The signers
 below produce the providers' documented signatures (the verifying side is
-`sinks.providers.signatures`, written independently).
+`api.signatures`, written independently).
 """
 
 from __future__ import annotations

@@ -69,6 +69,7 @@ from herald.dispatching import (
 )
 from herald.fallback import has_cross_channel_step
 from herald.guard import AlreadySent, GuardClass, InFlight, Proceed, SendGuard
+from herald.kafka_records import KafkaMessage
 from herald.metrics import JobMetrics
 from herald.outcomes import Accepted, Outcome
 from herald.policy import Preferences, quiet_end
@@ -89,7 +90,6 @@ from sinks.channels.reconcile import Reconciler
 from sinks.channels.sending import ShapedSender
 from sinks.channels.settings import DispatchSettings
 from sinks.channels.work import DeadLetterOut, Item, Outputs
-from sources.kafka import KafkaMessage
 
 __all__ = ["Dispatcher", "Hook"]
 

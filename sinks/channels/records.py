@@ -26,7 +26,7 @@ from herald.config import HeraldSettings
 from herald.dead_letters import dead_letter
 from herald.errors import SerdeError
 from herald.sealing import seal_delivery
-from herald.topics import load_topics, physical_subject
+from herald.topics import DELIVERY_EVENTS, DEVICES, load_topics, physical_subject
 from schemas.registry import SchemaRegistry
 from schemas.serde import AvroSerializer
 from sinks.channels.work import DeadLetterOut, Outputs
@@ -37,8 +37,8 @@ __all__ = ["JOB", "RecordEncoder", "deliveries_topic", "retry_topic"]
 log = logging.getLogger(__name__)
 
 JOB = "dispatch"
-EVENTS_TOPIC = "herald.delivery-events"
-DEVICES_TOPIC = "herald.devices"
+EVENTS_TOPIC = DELIVERY_EVENTS
+DEVICES_TOPIC = DEVICES
 
 
 def deliveries_topic(channel: str, traffic_class: str) -> str:

@@ -23,6 +23,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from herald.backoff import BackoffPolicy
 from herald.breaker import BreakerConfig
+from herald.providers import DEFAULT_PROVIDER
 from herald.shaping import ProviderRate
 
 __all__ = ["BackoffModel", "BreakerModel", "DispatchSettings", "RateModel"]
@@ -128,9 +129,7 @@ class DispatchSettings(BaseSettings):
     # Pause of a provider after a platform error (auth/config), before half-open probes.
     platform_pause_s: float = Field(default=60.0, gt=0)
     # Channel -> provider when a delivery names none (push uses its platform).
-    default_providers: dict[str, str] = Field(
-        default_factory=lambda: {"sms": "sms_a", "email": "email", "inapp": "inbox"}
-    )
+    default_providers: dict[str, str] = Field(default_factory=lambda: dict(DEFAULT_PROVIDER))
     # Records read per Kafka partition and poll (the sink's batch is at most partitions x this).
     batch_size: int = Field(default=1000, ge=1)
     # Deliveries dispatched together (one guard/re-check round trip, one set of sends).

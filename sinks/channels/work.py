@@ -15,8 +15,8 @@ from typing import Any
 from herald.breaker import Admission
 from herald.dispatching import GuardOp
 from herald.guard import Proceed
+from herald.kafka_records import KafkaMessage
 from herald.retry import RetryPolicy
-from sources.kafka import KafkaMessage
 
 __all__ = ["DeadLetterOut", "Item", "Outputs"]
 

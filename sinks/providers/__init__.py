@@ -8,7 +8,7 @@
 | VonageClient   | sms_b        | Vonage SMS API (form)                   |
 | SendGridClient | email        | SendGrid v3 mail/send (JSON, Bearer)    |
 
-Outcomes are `herald.outcomes`; webhook signature checks are in `sinks.providers.signatures`.
+Outcomes are `herald.outcomes`; the API checks webhook signatures (`api.signatures`).
 Each client owns one `httpx.AsyncClient` (create one per provider per process, close it with
 `aclose()` or `async with`), bounds its in-flight requests (`max_concurrency`) and maps every
 response and network failure per PROVIDERS.md §6.

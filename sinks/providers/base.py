@@ -29,23 +29,17 @@ import httpx
 from herald.config import LinksSettings
 from herald.links import push_opened_url
 from herald.outcomes import CONNECT_ERROR, Lookup, Outcome, PlatformError, Retryable, Unknown
+from herald.pii import mask_address
 from sinks.providers.config import HttpConfig
 from sinks.providers.h2transport import H2Response, H2Transport
 
-__all__ = ["ProviderClient", "epoch_seconds", "mask", "parse_retry_after"]
+__all__ = ["ProviderClient", "epoch_seconds", "parse_retry_after"]
 
 log = logging.getLogger(__name__)
 
 Delivery = Mapping[str, Any]
 
 _BEFORE_SEND = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.ProxyError)
-
-
-def mask(address: str | None) -> str:
-    """A log-safe form of a token/phone/email: its last 4 characters."""
-    if not address:
-        return "-"
-    return "…" + address[-4:]
 
 
 def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
@@ -294,7 +288,7 @@ class ProviderClient(ABC):
             outcome.status_code,
             outcome.latency_ms,
             delivery.get("delivery_id"),
-            mask(delivery.get("address")),
+            mask_address(delivery.get("address")),
             getattr(outcome, "reason", ""),
         )
 

@@ -7,10 +7,10 @@ from datetime import UTC, datetime
 
 import pytest
 
-from api.producer import HeraldProducer, InvalidRequest
+from api.producer import HeraldProducer
 from herald import ids
 from herald.config import HeraldSettings
-from herald.errors import DeliveryError
+from herald.errors import DeliveryError, InvalidRequest
 from tests.api.conftest import read_topic
 
 

@@ -25,10 +25,10 @@ from herald.catalog import load_catalog
 from herald.digest import to_ms
 from herald.digest_shard import EventItem
 from herald.errors import SerdeError
+from herald.kafka_records import KafkaMessage
 from schemas import load_schema, schema_text
 from schemas.registry import FileRegistry
 from schemas.serde import AvroDeserializer, AvroSerializer
-from sources.kafka import KafkaMessage
 
 CATALOG = load_catalog()
 T0 = datetime(2026, 3, 8, 9, 0, tzinfo=UTC)

@@ -10,10 +10,10 @@ from dataflows.plan import CHUNK_USERS, _chunks
 from dataflows.schedule import BucketLogic
 from dataflows.users import ChangelogDecoder
 from herald.catalog import load_catalog
+from herald.kafka_records import KafkaMessage
 from herald.planning import AudienceBatch, admit_request
 from herald.policy import Preferences
 from herald.scheduling import ScheduledEntry
-from sources.kafka import KafkaMessage
 
 CATALOG = load_catalog()
 T0 = datetime(2026, 3, 8, 9, 0, tzinfo=UTC)

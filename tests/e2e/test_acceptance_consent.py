@@ -13,7 +13,8 @@ from zoneinfo import ZoneInfo
 
 import httpx
 
-from infra.stackclient import ApiError, StackClient
+from herald.errors import ApiError
+from infra.stackclient import StackClient
 from tests.e2e._helpers import REACHED, UserPool, email_of, sim_log, wait_events
 from tests.e2e._stack import E2EStack
 

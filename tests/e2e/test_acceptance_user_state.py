@@ -16,7 +16,8 @@ from typing import Any, TypeVar
 import orjson
 import redis
 
-from infra.stackclient import ApiError, StackClient
+from herald.errors import ApiError
+from infra.stackclient import StackClient
 from tests.e2e._helpers import REACHED, accepted_count, email_of, new_phone, otp_body
 from tests.e2e._stack import E2EStack
 

@@ -10,7 +10,7 @@ import pytest
 
 from herald.caps import CAP_INCR_SCRIPT, cap_bucket, cap_key, ttl_seconds, user_tag
 from herald.catalog import Catalog, load_catalog
-from herald.quiet_hours import InvalidTimezone
+from herald.errors import InvalidTimezone
 
 
 @pytest.fixture(scope="module")

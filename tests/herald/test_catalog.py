@@ -8,19 +8,15 @@ from typing import Any
 
 import pytest
 
-from herald.catalog import (
-    Catalog,
+from herald.catalog import Catalog, load_catalog, loads_catalog, normalize_locale, parse_catalog
+from herald.errors import (
     CatalogLookupError,
+    ConfigError,
     InvalidLocale,
     NoTemplate,
     UnknownNotificationType,
     UnknownTemplateVersion,
-    load_catalog,
-    loads_catalog,
-    normalize_locale,
-    parse_catalog,
 )
-from herald.errors import ConfigError
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from herald.catalog import Catalog, UnknownNotificationType, load_catalog
+from herald.catalog import Catalog, load_catalog
 from herald.digest import (
     DigestKey,
     DigestState,
@@ -23,6 +23,7 @@ from herald.digest import (
     summarize,
     to_ms,
 )
+from herald.errors import UnknownNotificationType
 from herald.render import render
 
 T0 = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)

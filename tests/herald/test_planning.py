@@ -7,12 +7,9 @@ from typing import Any
 
 import pytest
 
-from herald.catalog import CatalogLookupError, load_catalog
-from herald.planning import (
-    InvalidRequest,
-    admit_request,
-    chunk_users,
-)
+from herald.catalog import load_catalog
+from herald.errors import CatalogLookupError, InvalidRequest
+from herald.planning import admit_request, chunk_users
 
 CATALOG = load_catalog()
 NOW = datetime(2026, 3, 8, 6, 30, tzinfo=UTC)

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from herald.catalog import Catalog, InvalidLocale, UnknownNotificationType, load_catalog
+from herald.catalog import Catalog, load_catalog
+from herald.errors import InvalidLocale, InvalidTimeOfDay, InvalidTimezone, UnknownNotificationType
 from herald.policy import (
     Address,
     ContactPoints,
@@ -22,7 +23,7 @@ from herald.policy import (
     Suppress,
     decide,
 )
-from herald.quiet_hours import InvalidTimeOfDay, InvalidTimezone, QuietWindow
+from herald.quiet_hours import QuietWindow
 from herald.states import State
 
 NY = "America/New_York"

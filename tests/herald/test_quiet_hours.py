@@ -8,9 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from herald.errors import InvalidTimeOfDay, InvalidTimezone
 from herald.quiet_hours import (
-    InvalidTimeOfDay,
-    InvalidTimezone,
     QuietWindow,
     end_of_local_day,
     get_zone,

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from jinja2 import StrictUndefined
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from herald.catalog import (
-    Catalog,
+from herald.catalog import Catalog, load_catalog, parse_catalog
+from herald.errors import (
     CatalogLookupError,
     InvalidLocale,
     MissingParam,
@@ -20,8 +20,6 @@ from herald.catalog import (
     RenderFailed,
     UnknownNotificationType,
     UnknownTemplateVersion,
-    load_catalog,
-    parse_catalog,
 )
 from herald.render import (
     _Field,

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from herald.config import DEFAULT_TENANTS_FILE
-from herald.errors import ConfigError
-from herald.planning import InvalidRequest, admit_request
+from herald.errors import ConfigError, InvalidRequest
+from herald.planning import admit_request
 from herald.tenants import TenantTypes
 from tests.herald.test_planning import CATALOG, record
 

@@ -18,13 +18,13 @@ from bytewax.testing import run_main
 from dataflows import receipts, warehouse
 from herald.clickhouse import herald_client
 from herald.config import HeraldSettings
+from herald.kafka_records import Decoded, KafkaMessage
 from herald.sealing import is_sealed
 from herald.status_keys import status_key
 from infra.dlq import replay_dead_letters
 from infra.simulators.launcher import RunningSimulator, start_simulator
 from sinks.channels.settings import DispatchSettings
 from sinks.dispatch import DispatchSink
-from sources.kafka import Decoded, KafkaMessage
 from tests.dataflows.jobs import DEAD_LETTERS, EVENTS, read
 from tests.sinks.dispatch_helpers import delivery, dispatch_settings, factories, now, put_prefs
 

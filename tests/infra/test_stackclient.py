@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from herald.errors import ApiError, StackNotRunningError
 from infra.process import pid_alive
-from infra.stackclient import ApiError, StackClient, StackNotRunningError
+from infra.stackclient import StackClient
 from tests.e2e._stack import herald_cli
 
 pytestmark = pytest.mark.integration  # a whole `herald up` stack

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka.admin import AdminClient
 
+from herald import topics
 from herald.config import HeraldSettings
 from herald.errors import ConfigError
 from herald.topics import load_topics
@@ -32,6 +33,13 @@ def test_catalog_covers_every_topic_of_the_pipeline() -> None:
         "herald.receipts.raw",
     }
     assert expected <= names
+
+
+def test_every_topic_the_code_names_is_in_the_catalog() -> None:
+    """herald/topics.py spells the topics the code refers to; each must be declared."""
+    named = {value for name, value in vars(topics).items() if name.isupper() and
+             isinstance(value, str) and value.startswith("herald.")}  # fmt: skip
+    assert len(named) == 7 and named <= set(load_topics())
 
 
 def test_every_topic_has_a_schema_file_and_changelogs_are_compacted() -> None:

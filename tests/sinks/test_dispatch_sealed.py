@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 from herald.config import HeraldSettings
+from herald.kafka_records import Decoded, KafkaMessage
 from herald.sealing import Sealer, key_name, open_delivery, seal_delivery, shred_hour
 from infra.simulators.launcher import RunningSimulator
 from sinks.dispatch import DispatchSink
-from sources.kafka import Decoded, KafkaMessage
 from tests.dataflows.helpers import consume, decoder
 from tests.sinks.dispatch_helpers import accepted_for, delivery, dispatch_settings, factories
 

@@ -15,9 +15,10 @@ from bytewax.testing import TestingSink, run_main
 from confluent_kafka import Producer
 
 from herald.config import HeraldSettings
+from herald.kafka_records import Decoded, KafkaMessage
 from schemas.registry import make_registry
 from sinks.kafka import topic_serializer
-from sources.kafka import Decoded, KafkaMessage, KafkaSource, kafka_avro_input
+from sources.kafka import KafkaSource, kafka_avro_input
 from tests.schemas.examples import example
 
 pytestmark = pytest.mark.integration

@@ -17,7 +17,8 @@ from herald.outcomes import (
     Unknown,
     is_retryable,
 )
-from sinks.providers.base import epoch_seconds, mask, parse_retry_after
+from herald.pii import mask_address
+from sinks.providers.base import epoch_seconds, parse_retry_after
 
 
 def test_outcomes_are_frozen_and_carry_common_fields() -> None:
@@ -52,5 +53,5 @@ def test_helpers() -> None:
     assert parse_retry_after("7") == 7.0
     assert parse_retry_after(None) is None and parse_retry_after("soon") is None
     assert parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT", now=1445412470.0) == 10.0
-    assert mask("+447700900123") == "…0123" and mask(None) == "-"
+    assert mask_address("+447700900123") == "…0123" and mask_address(None) == "-"
     assert epoch_seconds(1_700_000_000_000) == 1_700_000_000.0 and epoch_seconds(None) is None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from api.signatures import verify_twilio
 from herald.outcomes import (
     Accepted,
     Outcome,
@@ -18,7 +19,6 @@ from infra.process import free_port
 from infra.simulators.launcher import RunningSimulator
 from infra.simulators.recorder import CallbackRecorder
 from sinks.providers import ProviderClient, TwilioClient
-from sinks.providers.signatures import verify_twilio
 from tests.sinks.providers.helpers import delivery, send_one, send_with, twilio_config
 
 PHONE = "+447700900301"

@@ -10,7 +10,7 @@ import time
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from sinks.providers.signatures import (
+from api.signatures import (
     twilio_signature,
     verify_sendgrid,
     verify_twilio,

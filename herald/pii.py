@@ -1,4 +1,7 @@
-"""Masking for logs: never a full phone number, email address, token or OTP code."""
+"""Masking for logs and API answers: never a full phone number, email address, token or OTP code.
+
+The one home of the masks (the API, the provider clients' logs).
+"""
 
 from __future__ import annotations
 
@@ -16,6 +19,13 @@ def mask_email(address: str | None) -> str:
         return "-"
     local, _, domain = address.partition("@")
     return f"{local[:1]}***@{domain}"
+
+
+def mask_address(address: str | None) -> str:
+    """Any address (token, phone, email) in a provider client's log line: its last 4 characters."""
+    if not address:
+        return "-"
+    return "…" + address[-4:]
 
 
 def mask_token(token: str | None) -> str:

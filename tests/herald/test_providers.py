@@ -1,0 +1,42 @@
+"""herald.providers, the one table of providers, and every place that registers a provider's
+parts against it: a provider added to the table without its client, budget, simulator,
+receipt parser or callback fails here, naming what is missing."""
+
+from __future__ import annotations
+
+import pytest
+
+from api.routes.callbacks import PROVIDERS as CALLBACK_PROVIDERS
+from dashboards.server import DEFAULT_PROVIDERS as DASHBOARD_PROVIDERS
+from herald import receipts
+from herald.providers import DEFAULT_PROVIDER, EXTERNAL, PROVIDERS, WEBHOOK, providers_of
+from infra.simulators import SIMULATORS
+from infra.stackclient import SIMULATORS as STACK_SIMULATORS
+from sinks.channels.clients import default_factories
+from sinks.channels.settings import DispatchSettings
+
+
+def test_the_table() -> None:
+    assert providers_of("sms") == ("sms_a", "sms_b")
+    assert providers_of("push") == ("apns", "fcm") and providers_of("fax") == ()
+    assert EXTERNAL == ("apns", "fcm", "sms_a", "sms_b", "email")
+    assert WEBHOOK == ("sms_a", "sms_b", "email")
+    for channel, provider in DEFAULT_PROVIDER.items():
+        assert provider in providers_of(channel), channel
+
+
+def test_every_provider_has_a_client_and_every_external_one_a_budget() -> None:
+    assert set(default_factories("redis://127.0.0.1:1")) == set(PROVIDERS)
+    assert set(DispatchSettings().rates) == set(EXTERNAL)
+
+
+def test_every_external_provider_has_a_simulator_the_stack_starts() -> None:
+    assert set(SIMULATORS) == set(EXTERNAL)
+    assert STACK_SIMULATORS == DASHBOARD_PROVIDERS == EXTERNAL
+
+
+@pytest.mark.parametrize("provider", WEBHOOK)
+def test_every_webhook_provider_has_a_callback_route_and_a_receipt_parser(provider: str) -> None:
+    assert provider in CALLBACK_PROVIDERS
+    assert provider in receipts.SOURCES
+    assert receipts.CHANNEL_OF[provider] == PROVIDERS[provider].channel

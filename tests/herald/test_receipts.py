@@ -447,6 +447,30 @@ def test_status_of_a_later_generation_supersedes_any_earlier_state(
     assert (stored["state"], stored["generation"]) == ("DELIVERED", 1)
 
 
+@pytest.mark.integration
+def test_the_status_script_reads_state_and_generation_of_any_entry(
+    redis_client: redis.Redis,
+) -> None:
+    """The compare-and-set reads state and generation of any entry: another writer's key order,
+    or a user id spelling a generation, never changes the answer."""
+    nid = f"n-{ids.notification_id('t', str(datetime.now(UTC)))}"
+
+    def put(delivery: str, state: str, generation: int = 0, user: str = "u") -> bool:
+        update = StatusUpdate(nid, delivery, state, "sms", user, NOW, generation=generation)
+        [ok] = write_statuses(redis_client, [update])
+        return ok
+
+    foreign = {"generation": 2, "user_id": "u", "state": "DELIVERED", "channel": "sms"}
+    redis_client.hset(status_key(nid), "d-1", orjson.dumps(foreign))
+    assert not put("d-1", "PROVIDER_ACCEPTED", 2) and not put("d-1", "FAILED_PERMANENT", 1)
+    assert put("d-1", "SENDING", 3)
+    spelled = 'u","generation":9}'
+    assert put("d-2", "PROVIDER_ACCEPTED", 0, user=spelled)
+    assert put("d-2", "DELIVERED", 0, user=spelled)  # generation 0, not 9
+    stored = orjson.loads(redis_client.hget(status_key(nid), "d-2"))  # type: ignore[arg-type]
+    assert (stored["state"], stored["user_id"]) == ("DELIVERED", spelled)
+
+
 # -- hostile input ---------------------------------------------------------------------------
 
 _HOSTILE = st.one_of(

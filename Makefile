@@ -49,7 +49,7 @@ lint: install
 lock:
 	rm -rf /tmp/herald-lock-venv && $(PYTHON) -m venv /tmp/herald-lock-venv
 	/tmp/herald-lock-venv/bin/python -m pip install --quiet --upgrade pip
-	/tmp/herald-lock-venv/bin/python -m pip install --quiet ".[test,bench]"
+	/tmp/herald-lock-venv/bin/python -m pip install --quiet ".[embedded,test,bench]"
 	{ echo "# Exact versions of every dependency (direct and transitive) for Python 3.11 on Linux."; \
 	  echo "# Regenerate with \`make lock\` after changing pyproject.toml."; \
 	  /tmp/herald-lock-venv/bin/python -m pip freeze --exclude-editable | grep -v '^herald'; } > requirements.lock

@@ -244,7 +244,12 @@ class ChdbEngine:
     """
 
     def __init__(self, data_dir: Path) -> None:
-        import chdb  # here, not at import time: nothing but this service ever loads chDB
+        try:
+            import chdb  # here, not at import time: nothing but this service ever loads chDB
+        except ImportError as exc:
+            raise InfraError(
+                "chdb is not installed: run `make install`, or pip install 'herald[embedded]'"
+            ) from exc
 
         data_dir.mkdir(parents=True, exist_ok=True)
         try:

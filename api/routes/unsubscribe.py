@@ -1,7 +1,7 @@
 """One-click unsubscribe (RFC 8058): POST/GET /v1/unsubscribe/{token}.
 
 Marketing email carries this URL in `List-Unsubscribe` (with `List-Unsubscribe-Post:
-List-Unsubscribe=One-Click`) and as a link in its body (sinks/providers/sendgrid.py). The
+List-Unsubscribe=One-Click`) and as a link in its body (sinks/providers/sendgrid/client.py). The
 token (herald/links.py, kind "u") names the user and the opt-out ("marketing:email"); it is
 the authorization, so there is no API key.
 

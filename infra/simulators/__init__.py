@@ -29,18 +29,15 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING
 
+from sinks.provider_registry import MODULES
+
 if TYPE_CHECKING:
     from infra.simulators.server import Simulator
 
 __all__ = ["SIMULATORS", "simulator_class"]
 
-SIMULATORS: dict[str, str] = {
-    "apns": "infra.simulators.apns:ApnsSimulator",
-    "fcm": "infra.simulators.fcm:FcmSimulator",
-    "sms_a": "infra.simulators.twilio:TwilioSimulator",
-    "sms_b": "infra.simulators.vonage:VonageSimulator",
-    "email": "infra.simulators.sendgrid:SendGridSimulator",
-}
+# provider -> "module:Class", as registered with the provider (sinks/provider_registry.py)
+SIMULATORS: dict[str, str] = {name: simulator for name, (_, simulator) in MODULES.items()}
 
 
 def simulator_class(name: str) -> type[Simulator]:

@@ -1,7 +1,7 @@
 """The provider clients of one sink partition, built lazily on its event loop.
 
     Providers(loop, factories)     provider name -> client, built on first use
-    default_factories(redis_url)   every provider from its env settings (HERALD_APNS_* ...)
+    default_factories(redis_url)   every registered provider, settings from its env (HERALD_APNS_*)
 
 A factory that fails (e.g. no APNs key configured) does not kill the job: that provider answers
 every send with `PlatformError("client_config")`, which pauses it (breaker) and requeues its
@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from herald.outcomes import Lookup, Outcome, PlatformError
 from sinks.channels.inbox import InboxClient
 from sinks.channels.loop import LoopThread
+from sinks.provider_registry import specs
 
 __all__ = ["Factory", "Providers", "Sender", "default_factories"]
 
@@ -36,29 +37,10 @@ Factory = Callable[[], Sender]
 
 
 def default_factories(redis_url: str) -> dict[str, Factory]:
-    """Clients configured from the environment (see sinks/providers/config.py)."""
-    from herald.config import LinksSettings
-    from sinks.providers import (
-        ApnsClient,
-        ApnsConfig,
-        FcmClient,
-        FcmConfig,
-        SendGridClient,
-        SendGridConfig,
-        TwilioClient,
-        TwilioConfig,
-        VonageClient,
-        VonageConfig,
-    )
-
-    return {
-        "apns": lambda: ApnsClient(ApnsConfig(), links=LinksSettings()),
-        "fcm": lambda: FcmClient(FcmConfig(), links=LinksSettings()),
-        "sms_a": lambda: TwilioClient(TwilioConfig()),
-        "sms_b": lambda: VonageClient(VonageConfig()),
-        "email": lambda: SendGridClient(SendGridConfig(), LinksSettings()),
-        "inbox": lambda: InboxClient(redis_url),
-    }
+    """Every registered provider's client, configured from its environment (its module's
+    `SPEC.client`, sinks/provider_registry.py), and the in-app inbox on `redis_url`."""
+    factories: dict[str, Factory] = {s.name: s.client for s in specs()}
+    return {**factories, "inbox": lambda: InboxClient(redis_url)}
 
 
 class _Unusable:

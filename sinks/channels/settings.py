@@ -25,6 +25,7 @@ from herald.backoff import BackoffPolicy
 from herald.breaker import BreakerConfig
 from herald.providers import DEFAULT_PROVIDER
 from herald.shaping import ProviderRate
+from sinks.provider_registry import specs
 
 __all__ = ["BackoffModel", "BreakerModel", "DispatchSettings", "RateModel"]
 
@@ -87,13 +88,8 @@ class BreakerModel(_Model):
 
 
 def _default_rates() -> dict[str, RateModel]:
-    return {
-        "apns": RateModel(rate=50_000, reserved=10_000),
-        "fcm": RateModel(rate=10_000, reserved=2_000),  # 600k/min per project
-        "sms_a": RateModel(rate=10_000, reserved=3_000),
-        "sms_b": RateModel(rate=2_000, reserved=600),
-        "email": RateModel(rate=1_000, reserved=200),
-    }
+    """Each registered provider's default budget (its module's SPEC)."""
+    return {s.name: RateModel(rate=s.rate, reserved=s.reserved) for s in specs()}
 
 
 def _default_backoff() -> dict[str, BackoffModel]:

@@ -1,34 +1,57 @@
-"""Provider clients over httpx: one `send(delivery) -> Outcome` per provider.
+"""Provider clients over httpx: one `send(delivery) -> Outcome` per provider, one folder each.
 
-| client         | provider key | wire                                    |
-|----------------|--------------|-----------------------------------------|
-| ApnsClient     | apns         | HTTP/2 + TLS, ES256 provider token      |
-| FcmClient      | fcm          | FCM HTTP v1, google-auth service account |
-| TwilioClient   | sms_a        | Twilio Messages API (form, Basic)       |
-| VonageClient   | sms_b        | Vonage SMS API (form)                   |
-| SendGridClient | email        | SendGrid v3 mail/send (JSON, Bearer)    |
+| client         | provider | folder     | wire                                     |
+|----------------|----------|------------|------------------------------------------|
+| ApnsClient     | apns     | apns/      | HTTP/2 + TLS, ES256 provider token       |
+| FcmClient      | fcm      | fcm/       | FCM HTTP v1, google-auth service account |
+| TwilioClient   | sms_a    | twilio/    | Twilio Messages API (form, Basic)        |
+| VonageClient   | sms_b    | vonage/    | Vonage SMS API (form)                    |
+| SendGridClient | email    | sendgrid/  | SendGrid v3 mail/send (JSON, Bearer)     |
 
-Outcomes are `herald.outcomes`; the API checks webhook signatures (`api.signatures`).
-Each client owns one `httpx.AsyncClient` (create one per provider per process, close it with
-`aclose()` or `async with`), bounds its in-flight requests (`max_concurrency`) and maps every
-response and network failure per PROVIDERS.md §6.
+A provider's folder holds its client (`client.py`) and its registration (`SPEC` in
+`__init__.py`, read through sinks/provider_registry.py). Outcomes are `herald.outcomes`; the API
+checks webhook signatures (`api.signatures`). Each client owns one `httpx.AsyncClient` (create one
+per provider per process, close it with `aclose()` or `async with`), bounds its in-flight
+requests (`max_concurrency`) and maps every response and network failure per PROVIDERS.md §6.
+
+The names below load on first use: importing one provider's folder (its registration) loads no
+client.
 """
 
 from __future__ import annotations
 
-from sinks.providers.apns import ApnsClient, ApnsTokenSigner
-from sinks.providers.base import ProviderClient
-from sinks.providers.config import (
-    ApnsConfig,
-    FcmConfig,
-    SendGridConfig,
-    TwilioConfig,
-    VonageConfig,
-)
-from sinks.providers.fcm import FcmClient
-from sinks.providers.sendgrid import SendGridClient
-from sinks.providers.twilio import TwilioClient
-from sinks.providers.vonage import VonageClient
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sinks.providers.apns.client import ApnsClient, ApnsTokenSigner
+    from sinks.providers.base import ProviderClient
+    from sinks.providers.config import (
+        ApnsConfig,
+        FcmConfig,
+        SendGridConfig,
+        TwilioConfig,
+        VonageConfig,
+    )
+    from sinks.providers.fcm.client import FcmClient
+    from sinks.providers.sendgrid.client import SendGridClient
+    from sinks.providers.twilio.client import TwilioClient
+    from sinks.providers.vonage.client import VonageClient
+
+_WHERE = {
+    "ApnsClient": "sinks.providers.apns.client",
+    "ApnsTokenSigner": "sinks.providers.apns.client",
+    "FcmClient": "sinks.providers.fcm.client",
+    "SendGridClient": "sinks.providers.sendgrid.client",
+    "TwilioClient": "sinks.providers.twilio.client",
+    "VonageClient": "sinks.providers.vonage.client",
+    "ProviderClient": "sinks.providers.base",
+    "ApnsConfig": "sinks.providers.config",
+    "FcmConfig": "sinks.providers.config",
+    "SendGridConfig": "sinks.providers.config",
+    "TwilioConfig": "sinks.providers.config",
+    "VonageConfig": "sinks.providers.config",
+}
 
 __all__ = [
     "ApnsClient",
@@ -44,3 +67,13 @@ __all__ = [
     "VonageClient",
     "VonageConfig",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """Load `name` from its module on first use."""
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value
+    return value

@@ -4,6 +4,9 @@ receipt parser or callback fails here, naming what is missing."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from api.routes.callbacks import PROVIDERS as CALLBACK_PROVIDERS
@@ -14,6 +17,7 @@ from infra.simulators import SIMULATORS
 from infra.stackclient import SIMULATORS as STACK_SIMULATORS
 from sinks.channels.clients import default_factories
 from sinks.channels.settings import DispatchSettings
+from sinks.provider_registry import MODULES, spec, specs
 
 
 def test_the_table() -> None:
@@ -40,3 +44,23 @@ def test_every_webhook_provider_has_a_callback_route_and_a_receipt_parser(provid
     assert provider in CALLBACK_PROVIDERS
     assert provider in receipts.SOURCES
     assert receipts.CHANNEL_OF[provider] == PROVIDERS[provider].channel
+
+
+def test_the_registry_and_the_table_name_the_same_providers() -> None:
+    assert list(MODULES) == list(EXTERNAL) == [s.name for s in specs()]
+    env = spec("sms_b").client_env({"base_url": "u", "api_key": "k", "api_secret": "s"}, "http://h")
+    assert env["HERALD_VONAGE_BASE_URL"] == "u"
+    assert env["HERALD_VONAGE_CALLBACK_URL"] == "http://h/v1/callbacks/sms_b"
+
+
+def test_reading_the_registry_loads_no_client() -> None:
+    """The simulators, the launcher and the dispatch settings read every provider's SPEC; none
+    of them pays for loading the clients (httpx, jh2, google-auth...)."""
+    code = (
+        "import sys; from sinks.provider_registry import specs; specs(); "
+        "from sinks.channels.settings import DispatchSettings; DispatchSettings(); "
+        "print(sorted(m for m in sys.modules if m in ('httpx', 'sinks.providers.base') "
+        "or m.startswith('sinks.providers.') and m.endswith('.client')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout

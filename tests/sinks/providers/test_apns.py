@@ -22,7 +22,7 @@ from herald.outcomes import (
 from infra.process import free_port
 from infra.simulators.launcher import RunningSimulator, start_simulator
 from sinks.providers import ApnsClient, ApnsConfig, ApnsTokenSigner, ProviderClient
-from sinks.providers.apns import apns_id
+from sinks.providers.apns.client import apns_id
 from tests.sinks.providers.helpers import apns_config, delivery, send_one, send_with
 
 TOKEN = "0f" * 32

@@ -37,6 +37,9 @@ class ProviderSecrets(BaseSettings):
     sms_b_signature_secret: SecretStr | None = None
     sms_b_signature_method: str = "sha256"
     email_webhook_public_key: SecretStr | None = None
+    # The other providers' callback secrets, by provider (each one's SPEC.callback names it):
+    # HERALD_PROVIDERS_SECRETS='{"sms_c": "..."}'.
+    secrets: dict[str, SecretStr] = Field(default_factory=dict)
     # Max age of a signed timestamp (Vonage `timestamp`, SendGrid header); replay protection.
     max_skew_seconds: int = 600
     simulator_dir: Path | None = None
@@ -47,8 +50,9 @@ class ProviderSecrets(BaseSettings):
             return []
         return ["HERALD_PROVIDERS_SIMULATOR_DIR: callbacks verified with the simulators' "
                 "credentials; set HERALD_PROVIDERS_SMS_A_AUTH_TOKEN, "
-                "HERALD_PROVIDERS_SMS_B_SIGNATURE_SECRET and "
-                "HERALD_PROVIDERS_EMAIL_WEBHOOK_PUBLIC_KEY instead"]  # fmt: skip
+                "HERALD_PROVIDERS_SMS_B_SIGNATURE_SECRET, "
+                "HERALD_PROVIDERS_EMAIL_WEBHOOK_PUBLIC_KEY and HERALD_PROVIDERS_SECRETS "
+                "instead"]  # fmt: skip
 
     def simulator_credentials(self, provider: str) -> dict[str, Any]:
         """The credentials.json a simulator wrote for `provider` ({} when absent)."""
@@ -73,6 +77,13 @@ class ProviderSecrets(BaseSettings):
         creds = self.simulator_credentials("sms_b")
         method = str(creds.get("signature_method") or self.sms_b_signature_method)
         return str(creds.get("signature_secret") or ""), method
+
+    def secret_for(self, provider: str, key: str) -> str:
+        """The callback secret of `provider`: HERALD_PROVIDERS_SECRETS, else its simulator's
+        credentials.json entry `key` ("" = none: reject)."""
+        if provider in self.secrets:
+            return self.secrets[provider].get_secret_value()
+        return str(self.simulator_credentials(provider).get(key) or "")
 
     def email_public_key(self) -> str:
         """SendGrid-style base64 DER public key ("" = none: reject)."""

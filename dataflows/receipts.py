@@ -59,7 +59,14 @@ from herald.delivery_fold import (
 )
 from herald.kafka_records import Decoded
 from herald.metrics import JobMetrics
-from herald.receipts import BadReceipt, ReceiptEvent, join_key, joins_by_message_id, normalize
+from herald.receipts import (
+    BadReceipt,
+    ReceiptEvent,
+    join_key,
+    joins_by_message_id,
+    normalize,
+    register_format,
+)
 from herald.status_keys import StatusUpdate
 from herald.topics import DELIVERY_EVENTS, RECEIPTS_RAW
 from schemas.registry import make_registry
@@ -68,6 +75,7 @@ from sinks.clickhouse import ClickHouseSink
 from sinks.consent import ConsentSink
 from sinks.kafka import encode_avro, topic_serializer
 from sinks.late_fallback import LateFallbackSink
+from sinks.provider_registry import specs
 from sinks.redis_status import StatusSink
 from sources.kafka import kafka_avro_input
 
@@ -256,6 +264,9 @@ def build_flow(
         configure_process()
         settings = HeraldSettings()
     cfg = (receipts or ReceiptsSettings()).fold_config()
+    for spec in specs():  # the receipt formats that live in their provider's folder
+        if spec.receipts is not None:
+            register_format(spec.name, spec.receipts)
     metrics = JobMetrics(JOB)
     registry = make_registry(settings.registry)
     kafka = settings.kafka

@@ -6,6 +6,8 @@
     EXTERNAL                            providers reached over the network (each one simulated
                                         in the embedded stack: infra/simulators)
     WEBHOOK                             providers that post receipts to /v1/callbacks/{name}
+    CallbackCheck, CallbackRequest      how the API verifies a provider's callbacks (a provider
+                                        folder's SPEC.callback, sinks/provider_registry.py)
 
 What a provider *does* (its client, config, receipt parser, signature check) lives with its
 code (sinks/providers/, herald/receipts.py, api/routes/callbacks.py); which providers exist and
@@ -15,11 +17,13 @@ platform), so push has no default.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 __all__ = [
     "DEFAULT_PROVIDER",
+    "CallbackCheck",
+    "CallbackRequest",
     "EXTERNAL",
     "PROVIDERS",
     "WEBHOOK",
@@ -60,3 +64,27 @@ WEBHOOK: tuple[str, ...] = tuple(n for n, p in PROVIDERS.items() if p.webhook)
 def providers_of(channel: str) -> tuple[str, ...]:
     """The providers serving `channel`, in the table's order (empty for an unknown channel)."""
     return tuple(n for n, p in PROVIDERS.items() if p.channel == channel)
+
+
+@dataclass(frozen=True, slots=True)
+class CallbackRequest:
+    """A provider's callback as the API received it, for its signature check."""
+
+    url: str  # the public URL it was posted to (what a provider signs)
+    headers: Mapping[str, str]  # lower-case names
+    query: Mapping[str, str]
+    body: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class CallbackCheck:
+    """How the API verifies one provider's callbacks.
+
+    `secret` names its secret: the key in its simulator's credentials.json, and its entry in
+    HERALD_PROVIDERS_SECRETS (api/settings.py). `verify(request, secret, max_skew_s)` returns
+    None for an authentic callback, else why not: "missing_signature" (answered 401),
+    "invalid_signature" or "stale_timestamp" (403). It never raises on malformed input.
+    """
+
+    secret: str
+    verify: Callable[[CallbackRequest, str, int], str | None]

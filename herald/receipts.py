@@ -11,6 +11,11 @@ One raw receipt (herald.receipts.raw: the webhook body unchanged, its headers) y
     inbox  Herald's in-app inbox (JSON object or array): delivery_id, event delivered|read
     app    Herald's mobile SDK reporting push opens (JSON): delivery_id, event opened|read
 
+A provider whose receipt format lives in its own folder (sinks/providers/<vendor>/) registers a
+`ReceiptFormat` for its name (`register_format`; the receipts job does it for every registered
+provider) and builds its events with the helpers below (`base_fields`, `state_of`,
+`extra_fields`, `event_digest`, `form_body`, `json_body`).
+
 Each event keeps: the provider's status word, the Herald state it reports (`None` when Herald
 has no mapping: such events are kept and counted as unmappable, never guessed), a reason code,
 the provider message id (the join key back to the delivery) and, where the payload carries
@@ -40,17 +45,26 @@ from herald.providers import PROVIDERS, WEBHOOK
 
 __all__ = [
     "CHANNEL_OF",
-    "SOURCES",
-    "DEAD_ADDRESS",
-    "OPT_OUT",
     "BadReceipt",
+    "Parser",
     "ReceiptEvent",
+    "ReceiptFormat",
     "address_tag",
+    "base_fields",
+    "event_digest",
+    "extra_fields",
+    "form_body",
+    "is_json",
     "join_key",
     "joins_by_message_id",
+    "json_body",
     "kills_address",
-    "opts_out",
     "normalize",
+    "opts_out",
+    "received_time",
+    "register_format",
+    "sources",
+    "state_of",
 ]
 
 # Source -> channel of the deliveries it reports on: the webhook providers, the in-app inbox's
@@ -112,24 +126,6 @@ _INTERNAL: Mapping[str, tuple[str | None, str | None]] = {
 }
 
 
-# Receipts that say the address itself is dead (PROVIDERS.md §6, token_dead column): provider ->
-# receipt reasons. Twilio 21610 (the recipient replied STOP) and 30006 (landline or unreachable
-# carrier); Vonage DLR err 3 (absent subscriber, permanent), 4 (barred by the user), 9 (illegal
-# number); SendGrid hard bounce (not `blocked`, which is the receiving server's policy).
-DEAD_ADDRESS: Mapping[str, frozenset[str]] = {
-    "sms_a": frozenset({"twilio_21610", "twilio_30006"}),
-    "sms_b": frozenset({"vonage_err_3", "vonage_err_4", "vonage_err_9"}),
-    "email": frozenset({"bounce"}),
-}
-
-# Receipts that say the person wants no more marketing on that channel, while the address works:
-# a marketing opt-out (sinks/consent.py), never a disabled address (their password resets must
-# still arrive). SendGrid's unsubscribe, group unsubscribe and spam report.
-OPT_OUT: Mapping[str, frozenset[str]] = {
-    "email": frozenset({"unsubscribe", "group_unsubscribe", "spamreport"}),
-}
-
-
 class BadReceipt(ValueError):
     """A raw receipt that cannot be normalized at all (dead-lettered with `reason`)."""
 
@@ -137,6 +133,20 @@ class BadReceipt(ValueError):
         super().__init__(f"{reason}: {detail}" if detail else reason)
         self.reason = reason
         self.detail = detail
+
+
+Parser = Callable[[Mapping[str, Any], bytes], "list[ReceiptEvent]"]
+
+
+@dataclass(frozen=True, slots=True)
+class ReceiptFormat:
+    """How one source's receipts read: its parser (a raw_receipt's fields and body -> events,
+    raising BadReceipt when there are none) and what its reasons mean."""
+
+    parse: Parser
+    names_delivery: bool = False  # its receipts name Herald's delivery, not the message
+    dead_address: frozenset[str] = frozenset()  # reasons that say the address is dead
+    opt_out: frozenset[str] = frozenset()  # reasons that say: no more marketing here
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,7 +181,8 @@ def joins_by_message_id(provider: str) -> bool:
     """True for a provider whose receipts name the message, not the delivery (an SMS
     carrier's DLR, an email provider's webhook): its PROVIDER_ACCEPTED events are kept to
     join them. APNs and FCM send none; the inbox and the app name the delivery."""
-    return provider in _PARSERS and provider not in _HINTED
+    fmt = _FORMATS.get(provider)
+    return fmt is not None and not fmt.names_delivery
 
 
 def join_key(provider: str, provider_msg_id: str) -> str:
@@ -181,12 +192,14 @@ def join_key(provider: str, provider_msg_id: str) -> str:
 
 def kills_address(ev: ReceiptEvent) -> bool:
     """True when the receipt says the phone number or email address can't be used again."""
-    return ev.reason in DEAD_ADDRESS.get(ev.provider, ())
+    fmt = _FORMATS.get(ev.provider)
+    return fmt is not None and ev.reason in fmt.dead_address
 
 
 def opts_out(ev: ReceiptEvent) -> bool:
     """True when the receipt says the person opts out of marketing on the channel."""
-    return ev.reason in OPT_OUT.get(ev.provider, ())
+    fmt = _FORMATS.get(ev.provider)
+    return fmt is not None and ev.reason in fmt.opt_out
 
 
 def address_tag(address: str, key: bytes) -> str:
@@ -207,13 +220,13 @@ def address_tag(address: str, key: bytes) -> str:
 def normalize(raw: Mapping[str, Any]) -> list[ReceiptEvent]:
     """The events of one `raw_receipt` record; raises `BadReceipt` when there are none."""
     provider = str(raw.get("provider", ""))
-    parser = _PARSERS.get(provider)
-    if parser is None:
+    fmt = _FORMATS.get(provider)
+    if fmt is None:
         raise BadReceipt("unknown_provider", f"no receipt format for provider {provider!r}")
     body = raw.get("body") or b""
     if not body:
         raise BadReceipt("empty_receipt", f"{provider}: empty body")
-    events = parser(raw, bytes(body))
+    events = fmt.parse(raw, bytes(body))
     if not events:
         raise BadReceipt("empty_receipt", f"{provider}: no events in the payload")
     return events
@@ -222,7 +235,8 @@ def normalize(raw: Mapping[str, Any]) -> list[ReceiptEvent]:
 # -- helpers ---------------------------------------------------------------------------------
 
 
-def _form(body: bytes) -> dict[str, str]:
+def form_body(body: bytes) -> dict[str, str]:
+    """A form-encoded body's fields (BadReceipt when it is not one)."""
     try:
         pairs = parse_qsl(body.decode("utf-8"), keep_blank_values=True, strict_parsing=True)
     except (UnicodeDecodeError, ValueError) as exc:
@@ -230,14 +244,16 @@ def _form(body: bytes) -> dict[str, str]:
     return dict(pairs)
 
 
-def _json(body: bytes) -> Any:
+def json_body(body: bytes) -> Any:
+    """A JSON body (BadReceipt when it is not one)."""
     try:
         return orjson.loads(body)
     except orjson.JSONDecodeError:
         raise BadReceipt("unparseable_receipt", "not a JSON body") from None
 
 
-def _is_json(raw: Mapping[str, Any], body: bytes) -> bool:
+def is_json(raw: Mapping[str, Any], body: bytes) -> bool:
+    """Whether the receipt came as JSON (by its content type, else by its first byte)."""
     ctype = str(raw.get("content_type", "")).lower()
     return "json" in ctype or body.lstrip()[:1] in (b"{", b"[")
 
@@ -247,7 +263,7 @@ def _text(value: Any) -> str:
     return text[:_MAX_VALUE]
 
 
-def _extras(fields: Mapping[str, Any], known: frozenset[str]) -> dict[str, str]:
+def extra_fields(fields: Mapping[str, Any], known: frozenset[str]) -> dict[str, str]:
     """Unknown fields as `x.<name>` (bounded), minus personal data and signature material."""
     out: dict[str, str] = {}
     for name in sorted(fields):
@@ -257,13 +273,14 @@ def _extras(fields: Mapping[str, Any], known: frozenset[str]) -> dict[str, str]:
     return out
 
 
-def _digest(*parts: object) -> str:
+def event_digest(*parts: object) -> str:
     """`sha256:` of the normalized fields (stable across processes and re-deliveries)."""
     canonical = json.dumps([str(p) if p is not None else None for p in parts])
     return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def _received(raw: Mapping[str, Any]) -> datetime:
+def received_time(raw: Mapping[str, Any]) -> datetime:
+    """When Herald received the receipt (its time when the provider's own is unusable)."""
     value = raw.get("received_at")
     if isinstance(value, datetime):
         return value if value.tzinfo else value.replace(tzinfo=UTC)
@@ -290,17 +307,20 @@ def _epoch(value: Any) -> datetime | None:
     return datetime.fromtimestamp(number / 1000 if number > 1e11 else number, UTC)
 
 
-def _map(
+def state_of(
     table: Mapping[str, tuple[str | None, str | None]], status: str
 ) -> tuple[str | None, str | None]:
+    """(Herald state, reason) a provider status maps to in `table`; (None, None) if unmapped."""
     return table.get(status, (None, None))
 
 
-def _base(raw: Mapping[str, Any], payload: bytes, redrive: Mapping[str, str]) -> dict[str, Any]:
+def base_fields(
+    raw: Mapping[str, Any], payload: bytes, redrive: Mapping[str, str]
+) -> dict[str, Any]:
     return {
         "receipt_id": str(raw.get("receipt_id", "")),
         "provider": str(raw["provider"]),
-        "received_at": _received(raw),
+        "received_at": received_time(raw),
         "payload": payload,
         "content_type": str(raw.get("content_type", "")),
         "headers": dict(redrive),
@@ -317,16 +337,16 @@ _TWILIO_TOKEN = "i-twilio-idempotency-token"
 
 
 def _twilio(raw: Mapping[str, Any], body: bytes) -> list[ReceiptEvent]:
-    form = _form(body)
+    form = form_body(body)
     sid = form.get("MessageSid") or form.get("SmsSid")
     status = (form.get("MessageStatus") or form.get("SmsStatus") or "").lower()
     if not sid or not status:
         raise BadReceipt("unparseable_receipt", "sms_a: MessageSid or MessageStatus missing")
-    state, reason = _map(_TWILIO, status)
+    state, reason = state_of(_TWILIO, status)
     code = form.get("ErrorCode") or ""
     if code and state == "FAILED_PERMANENT":
         reason = f"twilio_{code}"
-    attributes = {"provider_status": status, **_extras(form, _TWILIO_KNOWN)}
+    attributes = {"provider_status": status, **extra_fields(form, _TWILIO_KNOWN)}
     if code:
         attributes["error_code"] = code
     if form.get("RawDlrDoneDate"):
@@ -335,12 +355,12 @@ def _twilio(raw: Mapping[str, Any], body: bytes) -> list[ReceiptEvent]:
     token = headers.get(_TWILIO_TOKEN)
     # The id comes from the signed form only: the idempotency token is an unsigned header, so
     # a replayed callback with a new token must still be the event it was.
-    event_id = _digest("sms_a", sid, status, code, form.get("RawDlrDoneDate"))
+    event_id = event_digest("sms_a", sid, status, code, form.get("RawDlrDoneDate"))
     redrive = {_TWILIO_TOKEN: token} if token else {}
-    received = _received(raw)
+    received = received_time(raw)
     return [
         ReceiptEvent(
-            **_base(raw, body, redrive),
+            **base_fields(raw, body, redrive),
             provider_event_id=event_id,
             provider_msg_id=sid,
             delivery_hint=None,
@@ -369,31 +389,31 @@ def _vonage_time(text: str | None) -> datetime | None:
 
 
 def _vonage(raw: Mapping[str, Any], body: bytes) -> list[ReceiptEvent]:
-    if _is_json(raw, body):
-        data = _json(body)
+    if is_json(raw, body):
+        data = json_body(body)
         if not isinstance(data, dict):
             raise BadReceipt("unparseable_receipt", "sms_b: JSON DLR is not an object")
         fields = {str(k): v if isinstance(v, str) else _text(v) for k, v in data.items()}
     else:
-        fields = _form(body)
+        fields = form_body(body)
     msg_id = fields.get("messageId") or fields.get("message-id")
     status = (fields.get("status") or "").lower()
     if not msg_id or not status:
         raise BadReceipt("unparseable_receipt", "sms_b: messageId or status missing")
-    state, reason = _map(_VONAGE, status)
+    state, reason = state_of(_VONAGE, status)
     code = fields.get("err-code") or ""
     if code and code != "0" and state in ("FAILED_PERMANENT", "DELIVERY_UNKNOWN"):
         reason = f"vonage_err_{code}"
-    attributes = {"provider_status": status, **_extras(fields, _VONAGE_KNOWN)}
+    attributes = {"provider_status": status, **extra_fields(fields, _VONAGE_KNOWN)}
     for name, key in (("err-code", "error_code"), ("network-code", "network"), ("scts", "scts")):
         if fields.get(name):
             attributes[key] = fields[name]
-    event_id = _digest("sms_b", msg_id, status, code, fields.get("scts"),
+    event_id = event_digest("sms_b", msg_id, status, code, fields.get("scts"),
                        fields.get("message-timestamp"))  # fmt: skip
-    occurred = _vonage_time(fields.get("message-timestamp")) or _received(raw)
+    occurred = _vonage_time(fields.get("message-timestamp")) or received_time(raw)
     return [
         ReceiptEvent(
-            **_base(raw, body, {}),
+            **base_fields(raw, body, {}),
             provider_event_id=event_id,
             provider_msg_id=msg_id,
             delivery_hint=fields.get("client-ref") or None,
@@ -421,31 +441,31 @@ def _sendgrid_event(raw: Mapping[str, Any], item: Any) -> ReceiptEvent:
     if not status:
         raise BadReceipt("unparseable_receipt", "email: event without `event`")
     msg_id = sg_message_id.split(".", 1)[0] or None  # X-Message-Id is its prefix
-    state, reason = _map(_SENDGRID, status)
+    state, reason = state_of(_SENDGRID, status)
     if status == "bounce" and item.get("type") == "blocked":
         reason = "blocked"
-    attributes = {"provider_status": status, **_extras(item, _SENDGRID_KNOWN)}
+    attributes = {"provider_status": status, **extra_fields(item, _SENDGRID_KNOWN)}
     for name in ("type", "status", "attempt", "bounce_classification", "sg_machine_open"):
         if item.get(name) not in (None, ""):
             attributes[name if name != "status" else "smtp_status"] = _text(item[name])
     if item.get("url"):
         attributes["link_hash"] = hashlib.sha256(str(item["url"]).encode()).hexdigest()[:16]
-    occurred = _epoch(item.get("timestamp")) or _received(raw)
+    occurred = _epoch(item.get("timestamp")) or received_time(raw)
     event_id = (
         f"sendgrid:{item['sg_event_id']}"
         if item.get("sg_event_id")
-        else _digest("email", sg_message_id, status, item.get("timestamp"), item.get("url"))
+        else event_digest("email", sg_message_id, status, item.get("timestamp"), item.get("url"))
     )
     hint = item.get("delivery_id")
     return ReceiptEvent(
-        **_base(raw, orjson.dumps([item]), {}), provider_event_id=event_id,
+        **base_fields(raw, orjson.dumps([item]), {}), provider_event_id=event_id,
         provider_msg_id=msg_id, delivery_hint=str(hint) if hint else None, status=status,
         state=state, reason=reason, occurred_at=occurred, attributes=attributes,
     )  # fmt: skip
 
 
 def _sendgrid(raw: Mapping[str, Any], body: bytes) -> list[ReceiptEvent]:
-    data = _json(body)
+    data = json_body(body)
     items = data if isinstance(data, list) else [data]
     return [_sendgrid_event(raw, item) for item in items]
 
@@ -458,32 +478,55 @@ def _internal_event(raw: Mapping[str, Any], item: Any) -> ReceiptEvent:
         raise BadReceipt("unparseable_receipt", f"{raw['provider']}: delivery_id/event missing")
     provider = str(raw["provider"])
     status = str(item["event"]).lower()
-    state, reason = _map(_INTERNAL, status)
+    state, reason = state_of(_INTERNAL, status)
     delivery_id = str(item["delivery_id"])
-    occurred = _epoch(item.get("occurred_at")) or _received(raw)
+    occurred = _epoch(item.get("occurred_at")) or received_time(raw)
     given = item.get("event_id")
-    event_id = f"{provider}:{given}" if given else _digest(provider, delivery_id, status)
+    event_id = f"{provider}:{given}" if given else event_digest(provider, delivery_id, status)
     return ReceiptEvent(
-        **_base(raw, orjson.dumps(item), {}), provider_event_id=event_id, provider_msg_id=None,
+        **base_fields(raw, orjson.dumps(item), {}), provider_event_id=event_id,
+        provider_msg_id=None,
         delivery_hint=delivery_id, status=status, state=state, reason=reason,
         occurred_at=occurred, attributes={"provider_status": status,
-                                          **_extras(item, _INTERNAL_KNOWN)},
+                                          **extra_fields(item, _INTERNAL_KNOWN)},
     )  # fmt: skip
 
 
 def _internal(raw: Mapping[str, Any], body: bytes) -> list[ReceiptEvent]:
-    data = _json(body)
+    data = json_body(body)
     items = data if isinstance(data, list) else [data]
     return [_internal_event(raw, item) for item in items]
 
 
-_PARSERS: Mapping[str, Callable[[Mapping[str, Any], bytes], list[ReceiptEvent]]] = {
-    "sms_a": _twilio,
-    "sms_b": _vonage,
-    "email": _sendgrid,
-    "inbox": _internal,
-    "app": _internal,
+# Receipts that say the address itself is dead (PROVIDERS.md §6, token_dead column): Twilio
+# 21610 (the recipient replied STOP) and 30006 (landline or unreachable carrier); Vonage DLR err
+# 3 (absent subscriber, permanent), 4 (barred by the user), 9 (illegal number); SendGrid hard
+# bounce (not `blocked`, which is the receiving server's policy). Receipts that say the person
+# wants no more marketing on that channel while the address works (a marketing opt-out,
+# sinks/consent.py, never a disabled address: their password resets must still arrive):
+# SendGrid's unsubscribe, group unsubscribe and spam report.
+_FORMATS: dict[str, ReceiptFormat] = {
+    "sms_a": ReceiptFormat(_twilio, dead_address=frozenset({"twilio_21610", "twilio_30006"})),
+    "sms_b": ReceiptFormat(
+        _vonage, dead_address=frozenset({"vonage_err_3", "vonage_err_4", "vonage_err_9"})
+    ),
+    "email": ReceiptFormat(
+        _sendgrid,
+        dead_address=frozenset({"bounce"}),
+        opt_out=frozenset({"unsubscribe", "group_unsubscribe", "spamreport"}),
+    ),
+    "inbox": ReceiptFormat(_internal, names_delivery=True),
+    "app": ReceiptFormat(_internal, names_delivery=True),
 }
-SOURCES = frozenset(_PARSERS)
-"""Every source whose receipts `normalize` reads (the webhook providers, the inbox, the app)."""
-_HINTED = frozenset({"inbox", "app"})  # receipts that carry the delivery id
+
+
+def register_format(source: str, fmt: ReceiptFormat) -> None:
+    """Read `source`'s receipts with `fmt` from now on: a provider whose receipt format lives in
+    its own folder (its SPEC, sinks/provider_registry.py); the receipts job registers every
+    registered provider's at start."""
+    _FORMATS[source] = fmt
+
+
+def sources() -> frozenset[str]:
+    """Every source whose receipts `normalize` reads (the webhook providers, the inbox, the app)."""
+    return frozenset(_FORMATS)

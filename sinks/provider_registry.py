@@ -23,6 +23,9 @@ from functools import cache
 from importlib import import_module
 from typing import Any
 
+from herald.providers import CallbackCheck
+from herald.receipts import ReceiptFormat
+
 __all__ = ["MODULES", "ProviderSpec", "spec", "specs"]
 
 # provider -> (its module, its simulator "module:Class"); herald/providers.py says its channel
@@ -44,6 +47,9 @@ class ProviderSpec:
     transactional traffic (HERALD_DISPATCH_RATES overrides both); `client_env(credentials,
     callback_base)` is the environment that points the client at its simulator (the
     simulator's credentials.json; Herald's API URL for status callbacks, if it sends them).
+    A provider that posts receipts to /v1/callbacks/{name} and keeps their format in its folder
+    gives `receipts` (registered by the receipts job, herald.receipts.register_format) and
+    `callback` (how the API verifies them).
     """
 
     name: str
@@ -51,6 +57,8 @@ class ProviderSpec:
     rate: float
     reserved: float
     client_env: Callable[[Mapping[str, str], str | None], dict[str, str]]
+    receipts: ReceiptFormat | None = None
+    callback: CallbackCheck | None = None
 
 
 @cache

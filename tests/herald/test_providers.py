@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from api.routes.callbacks import CHECKS
 from api.routes.callbacks import PROVIDERS as CALLBACK_PROVIDERS
 from dashboards.server import DEFAULT_PROVIDERS as DASHBOARD_PROVIDERS
 from herald import receipts
@@ -41,8 +42,8 @@ def test_every_external_provider_has_a_simulator_the_stack_starts() -> None:
 
 @pytest.mark.parametrize("provider", WEBHOOK)
 def test_every_webhook_provider_has_a_callback_route_and_a_receipt_parser(provider: str) -> None:
-    assert provider in CALLBACK_PROVIDERS
-    assert provider in receipts.SOURCES
+    assert provider in CALLBACK_PROVIDERS and provider in CHECKS
+    assert provider in receipts.sources()
     assert receipts.CHANNEL_OF[provider] == PROVIDERS[provider].channel
 
 

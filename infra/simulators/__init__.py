@@ -3,6 +3,9 @@
     python -m infra.simulators <name> --port N [--config JSON|FILE] [--callback-url URL]
                                       [--state-dir DIR] [--host H]
 
+One simulator per provider, registered with it (sinks/provider_registry.py); each module's
+docstring says what it speaks. The first five:
+
 | name  | provider shape                                  | transport                  |
 |-------|-------------------------------------------------|----------------------------|
 | apns  | APNs token auth, `POST /3/device/{token}`        | HTTP/2 over TLS (self CA)  |

@@ -1,4 +1,5 @@
-"""Provider clients over httpx: one `send(delivery) -> Outcome` per provider, one folder each.
+"""Provider clients over httpx: one `send(delivery) -> Outcome` per provider, one folder each,
+registered in sinks/provider_registry.py. The first five, whose names load from here too:
 
 | client         | provider | folder     | wire                                     |
 |----------------|----------|------------|------------------------------------------|

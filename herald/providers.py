@@ -50,6 +50,7 @@ PROVIDERS: Mapping[str, Provider] = {
         Provider("fcm", "push", "FCM HTTP v1"),
         Provider("sms_a", "sms", "Twilio Messages API", webhook=True),
         Provider("sms_b", "sms", "Vonage SMS API", webhook=True),
+        Provider("sms_c", "sms", "MessageBird SMS API", webhook=True),
         Provider("email", "email", "SendGrid v3 mail/send", webhook=True),
         Provider("inbox", "inapp", "Herald's in-app inbox (Redis)", external=False),
     )

@@ -34,6 +34,7 @@ MODULES: Mapping[str, tuple[str, str]] = {
     "fcm": ("sinks.providers.fcm", "infra.simulators.fcm:FcmSimulator"),
     "sms_a": ("sinks.providers.twilio", "infra.simulators.twilio:TwilioSimulator"),
     "sms_b": ("sinks.providers.vonage", "infra.simulators.vonage:VonageSimulator"),
+    "sms_c": ("sinks.providers.messagebird", "infra.simulators.messagebird:MessageBirdSimulator"),
     "email": ("sinks.providers.sendgrid", "infra.simulators.sendgrid:SendGridSimulator"),
 }
 

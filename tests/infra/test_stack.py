@@ -135,6 +135,7 @@ def test_cli_up_status_down(tmp_path: Path) -> None:
             "sim-fcm",
             "sim-sms_a",
             "sim-sms_b",
+            "sim-sms_c",
             "sim-email",
         ):
             assert doc["services"][name]["healthy"], doc["services"][name]

@@ -4,8 +4,8 @@
     spec("sms_b")           the module's `SPEC`: a ProviderSpec (imported on first use)
     specs()                 every provider's ProviderSpec, in MODULES order
 
-A provider module (sinks/providers/<vendor>.py, or a package for one with more parts) ends
-with its `SPEC`: how a dispatch worker builds its client (settings from its own env prefix), its
+A provider's folder (sinks/providers/<vendor>/: its client in client.py) has its `SPEC` in
+`__init__.py`: how a dispatch worker builds its client (settings from its own env prefix), its
 default budget, and the environment that points that client at its simulator. The dispatch
 sinks, the dispatch settings, the embedded stack and the simulators read them here, so adding a
 provider is its module, its simulator and its line below, plus its line in herald/providers.py
@@ -26,7 +26,7 @@ from typing import Any
 from herald.providers import CallbackCheck
 from herald.receipts import ReceiptFormat
 
-__all__ = ["MODULES", "ProviderSpec", "spec", "specs"]
+__all__ = ["MODULES", "ProviderSpec", "load_clients", "spec", "specs"]
 
 # provider -> (its module, its simulator "module:Class"); herald/providers.py says its channel
 MODULES: Mapping[str, tuple[str, str]] = {
@@ -75,3 +75,11 @@ def spec(name: str) -> ProviderSpec:
 def specs() -> list[ProviderSpec]:
     """Every registered provider's ProviderSpec."""
     return [spec(name) for name in MODULES]
+
+
+def load_clients() -> None:
+    """Import every registered provider's client module (its folder's client.py) now: a
+    dispatch worker does it when it starts, so that its first send (an OTP) does not wait for
+    the imports (httpx, aiohttp, jh2, google-auth... up to a second on a busy machine)."""
+    for module, _ in MODULES.values():
+        import_module(f"{module}.client")

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 from herald.outcomes import Lookup, Outcome, PlatformError
 from sinks.channels.inbox import InboxClient
 from sinks.channels.loop import LoopThread
-from sinks.provider_registry import specs
+from sinks.provider_registry import load_clients, specs
 
 __all__ = ["Factory", "Providers", "Sender", "default_factories"]
 
@@ -39,6 +39,7 @@ Factory = Callable[[], Sender]
 def default_factories(redis_url: str) -> dict[str, Factory]:
     """Every registered provider's client, configured from its environment (its module's
     `SPEC.client`, sinks/provider_registry.py), and the in-app inbox on `redis_url`."""
+    load_clients()  # now, not on the first send
     factories: dict[str, Factory] = {s.name: s.client for s in specs()}
     return {**factories, "inbox": lambda: InboxClient(redis_url)}
 

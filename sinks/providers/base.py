@@ -25,6 +25,7 @@ from types import TracebackType
 from typing import Any, ClassVar
 
 import httpx
+from httpx_aiohttp import AiohttpTransport  # the HTTP/1.1 default: loaded with the clients
 
 from herald.config import LinksSettings
 from herald.links import push_opened_url
@@ -106,8 +107,6 @@ def _pyreqwest(config: HttpConfig, http2: bool) -> httpx.AsyncBaseTransport:
 
 def _aiohttp(config: HttpConfig, http2: bool) -> httpx.AsyncBaseTransport:
     """aiohttp under httpx (httpx-aiohttp): HTTP/1.1 only."""
-    from httpx_aiohttp import AiohttpTransport
-
     if http2:
         raise ValueError("the aiohttp transport speaks HTTP/1.1 only: not for this provider")
     limits = httpx.Limits(

@@ -1,10 +1,10 @@
-"""infra.stackclient against a real, fully started stack (`herald up --detach`)."""
+"""infra.stackclient against a real, fully started stack: the end-to-end tests' shared stack
+(tests/e2e/conftest.py, `herald up --detach`)."""
 
 from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,22 +12,12 @@ import pytest
 from herald.errors import ApiError, StackNotRunningError
 from infra.process import pid_alive
 from infra.stackclient import StackClient
-from tests.e2e._stack import herald_cli
-
-pytestmark = pytest.mark.integration  # a whole `herald up` stack
+from tests.e2e._stack import E2EStack
 
 
-@pytest.fixture(scope="module")
-def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackClient]:
-    run_dir = tmp_path_factory.mktemp("stackclient-run")
-    up = herald_cli("up", "--detach", run_dir=run_dir)
-    assert up.returncode == 0, up.stdout + up.stderr
-    try:
-        with StackClient.from_run_dir(run_dir) as stack:
-            yield stack
-    finally:
-        down = herald_cli("down", run_dir=run_dir)
-        assert down.returncode == 0, down.stdout + down.stderr
+@pytest.fixture
+def client(e2e: E2EStack) -> StackClient:
+    return e2e.client
 
 
 def test_no_stack_is_a_clear_error(tmp_path: Path) -> None:

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import itertools
 import time
+import uuid
 from collections.abc import Iterable
-from datetime import UTC, datetime
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import httpx
 from confluent_kafka import Producer
@@ -223,3 +226,41 @@ def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     rank = max(1, -(-len(ordered) * q // 100))
     return ordered[int(rank) - 1]
+
+
+@dataclass(frozen=True)
+class QuietSend:
+    """A promo email scheduled into its user's quiet hours, which end a minute or two later."""
+
+    notification_id: str
+    user: str
+    send_at: datetime
+    window_end: datetime
+
+
+def send_into_quiet_hours(client: StackClient, user: str) -> QuietSend:
+    """Give `user` quiet hours (Asia/Tokyo) that end at the first whole minute at least 60 s from
+    now (HH:MM precision), and schedule a promo email 15 s from now, inside them."""
+    tokyo = ZoneInfo("Asia/Tokyo")
+    now = datetime.now(UTC)
+    local = now.astimezone(tokyo)
+    end = (local + timedelta(seconds=120)).replace(second=0, microsecond=0)
+    start = (local - timedelta(minutes=5)).replace(second=0, microsecond=0)
+    client.put_preferences(
+        user,
+        {
+            "quiet_hours": {"start": f"{start:%H:%M}", "end": f"{end:%H:%M}"},
+            "timezone": "Asia/Tokyo",
+        },
+    )
+    send_at = now + timedelta(seconds=15)
+    nid = client.send(
+        {
+            "request_id": f"promo-quiet-{uuid.uuid4().hex[:8]}",
+            "notification_type": "promo_weekly",
+            "recipients": {"user_ids": [user]},
+            "params": {"week": "W49", "highlights_url": "https://x.test/w49"},
+            "send_at": send_at.isoformat(),
+        }
+    )
+    return QuietSend(nid, user, send_at, end.astimezone(UTC))

@@ -36,7 +36,7 @@ import pytest
 
 from infra.process import pid_alive
 from infra.stackclient import StackClient
-from tests.e2e._helpers import UserPool
+from tests.e2e._helpers import QuietSend, UserPool, send_into_quiet_hours
 from tests.e2e._stack import E2EStack, herald_cli, kill_leftovers, stack_pids, start_stack
 
 POOL_SIZE = 160
@@ -81,3 +81,12 @@ def e2e() -> Iterator[E2EStack]:
 def pool(e2e: E2EStack) -> UserPool:
     """Users with a verified phone and email, known to the plan jobs (see UserPool)."""
     return UserPool(e2e.client, POOL_SIZE)
+
+
+@pytest.fixture(scope="package", autouse=True)
+def quiet_send(e2e: E2EStack, pool: UserPool) -> QuietSend:
+    """A send into a user's quiet hours, made before the package's first test: the window ends
+    a minute or two later, and test_acceptance_consent checks the release after the tests
+    before it ran, instead of waiting for the window on its own."""
+    (user,) = pool.take(1)
+    return send_into_quiet_hours(e2e.client, user)

@@ -32,8 +32,13 @@ $(STAMP): pyproject.toml requirements.lock
 run: install
 	$(BIN)/herald up
 
+# two lanes, both always run: everything but the whole stacks on two pytest-xdist workers (by
+# module), then the whole-stack tests alone, one at a time (tests/conftest.py says why)
 test: install
-	$(BIN)/python -m pytest
+	@$(BIN)/python -m pytest -m "not whole_stack" -n 2 --dist loadfile; parallel=$$?; \
+	$(BIN)/python -m pytest -m whole_stack -p no:xdist; whole=$$?; \
+	echo "make test: parallel lane exit $$parallel, whole-stack lane exit $$whole"; \
+	test $$parallel -eq 0 -a $$whole -eq 0
 
 # unit and single-process tests: no embedded services, no stack (tests/conftest.py marks the rest)
 test-fast: install

@@ -131,10 +131,25 @@ from tests.simulator_fixtures import (  # noqa: E402, F401 - pytest finds fixtur
 _SERVICE_FIXTURES = frozenset({"stack", "settings", "e2e", "api", "subprocess_env"})
 
 
+# The tests that run whole stacks (`herald up`, 30 processes): `make test` runs them after the
+# rest, one at a time and alone, because two stacks on 2 cores, or one beside the parallel
+# lane, starve each other's timing (the rest runs on two pytest-xdist workers, by module).
+_WHOLE_STACK = (
+    "tests/e2e/",  # the shared end-to-end stack (tests/e2e/conftest.py)
+    "tests/e2e_faults/",
+    "tests/infra/test_scaleout.py::test_every_job_runs_as_two_processes_end_to_end",
+    "tests/infra/test_demo.py::test_demo_on_a_full_stack_passes_every_scene",
+    "tests/infra/test_stack.py::",
+)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Every test that reaches the embedded services (a session fixture among its fixtures,
-    or a test under tests/e2e*) is `integration`; `make test-fast` runs the others."""
+    or a test under tests/e2e*) is `integration`; `make test-fast` runs the others. The tests
+    that run whole stacks are also `whole_stack` (above)."""
     for item in items:
         names = set(getattr(item, "fixturenames", ()))
         if names & _SERVICE_FIXTURES or "/tests/e2e" in str(item.path):
             item.add_marker(pytest.mark.integration)
+        if item.nodeid.startswith(_WHOLE_STACK):
+            item.add_marker(pytest.mark.whole_stack)

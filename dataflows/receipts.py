@@ -1,6 +1,7 @@
 """receipts: provider receipts → delivery state that never goes backwards.
 
-    herald.receipts.raw (raw_receipt)  -> normalize per provider (herald.receipts)
+    herald.receipts.raw (raw_receipt)  -> normalize per provider (herald.receipts; each
+        provider's format in its folder, sinks/providers/<vendor>/receipts.py)
         hinted (delivery id in payload) ─────────────────────────────┐
         by provider_msg_id -> join_msg_id (MsgJoin: held until the   │
             PROVIDER_ACCEPTED record names the delivery, TTL)        ├─> fold_delivery
@@ -65,7 +66,6 @@ from herald.receipts import (
     join_key,
     joins_by_message_id,
     normalize,
-    register_format,
 )
 from herald.status_keys import StatusUpdate
 from herald.topics import DELIVERY_EVENTS, RECEIPTS_RAW
@@ -75,7 +75,7 @@ from sinks.clickhouse import ClickHouseSink
 from sinks.consent import ConsentSink
 from sinks.kafka import encode_avro, topic_serializer
 from sinks.late_fallback import LateFallbackSink
-from sinks.provider_registry import specs
+from sinks.provider_registry import register_receipt_formats
 from sinks.redis_status import StatusSink
 from sources.kafka import kafka_avro_input
 
@@ -264,9 +264,7 @@ def build_flow(
         configure_process()
         settings = HeraldSettings()
     cfg = (receipts or ReceiptsSettings()).fold_config()
-    for spec in specs():  # the receipt formats that live in their provider's folder
-        if spec.receipts is not None:
-            register_format(spec.name, spec.receipts)
+    register_receipt_formats()  # they live in their providers' folders
     metrics = JobMetrics(JOB)
     registry = make_registry(settings.registry)
     kafka = settings.kafka

@@ -10,9 +10,9 @@
                                         folder's SPEC.callback, sinks/provider_registry.py)
 
 What a provider *does* (its client, config, receipt parser, signature check) lives with its
-code (sinks/providers/, herald/receipts.py, api/routes/callbacks.py); which providers exist and
-which channel each serves is said here once. A push delivery carries its provider (the device's
-platform), so push has no default.
+code (sinks/providers/<vendor>/; the callback checks of sms_a, sms_b and email are still in
+api/routes/callbacks.py); which providers exist and which channel each serves is said here
+once. A push delivery carries its provider (the device's platform), so push has no default.
 """
 
 from __future__ import annotations

@@ -3,18 +3,15 @@
     normalize(raw_receipt dict) -> list[ReceiptEvent]      raises BadReceipt for unusable bodies
 
 One raw receipt (herald.receipts.raw: the webhook body unchanged, its headers) yields one or more
-`ReceiptEvent`s (a SendGrid batch holds many). Per provider (PROVIDERS.md):
+`ReceiptEvent`s (a SendGrid batch holds many). Each webhook provider's format lives in its own
+folder (sinks/providers/<vendor>/receipts.py: Twilio, Vonage, SendGrid, MessageBird; PROVIDERS.md)
+as a `ReceiptFormat` in its SPEC, which the receipts job registers at start (`register_format`);
+those modules build their events with the helpers below (`base_fields`, `state_of`,
+`extra_fields`, `event_digest`, `form_body`, `json_body`, `epoch_time`). Herald's own sources
+are read here:
 
-    sms_a  Twilio status callback, form: MessageSid, MessageStatus, ErrorCode, RawDlrDoneDate
-    sms_b  Vonage DLR, form or JSON: messageId, status, err-code, message-timestamp, client-ref
-    email  SendGrid event webhook, JSON array: sg_event_id, sg_message_id, event, timestamp, ...
     inbox  Herald's in-app inbox (JSON object or array): delivery_id, event delivered|read
     app    Herald's mobile SDK reporting push opens (JSON): delivery_id, event opened|read
-
-A provider whose receipt format lives in its own folder (sinks/providers/<vendor>/) registers a
-`ReceiptFormat` for its name (`register_format`; the receipts job does it for every registered
-provider) and builds its events with the helpers below (`base_fields`, `state_of`,
-`extra_fields`, `event_digest`, `form_body`, `json_body`).
 
 Each event keeps: the provider's status word, the Herald state it reports (`None` when Herald
 has no mapping: such events are kept and counted as unmappable, never guessed), a reason code,
@@ -51,8 +48,10 @@ __all__ = [
     "ReceiptFormat",
     "address_tag",
     "base_fields",
+    "epoch_time",
     "event_digest",
     "extra_fields",
+    "field_text",
     "form_body",
     "is_json",
     "join_key",
@@ -82,42 +81,6 @@ _DROP = frozenset({
 })  # fmt: skip
 
 # Provider status word -> (Herald state or None, reason or None)
-_TWILIO: Mapping[str, tuple[str | None, str | None]] = {
-    "accepted": ("PROVIDER_ACCEPTED", None),
-    "scheduled": ("PROVIDER_ACCEPTED", "scheduled"),
-    "queued": ("PROVIDER_ACCEPTED", None),
-    "sending": ("PROVIDER_ACCEPTED", None),
-    "sent": ("PROVIDER_ACCEPTED", None),
-    "delivered": ("DELIVERED", None),
-    "undelivered": ("FAILED_PERMANENT", "undelivered"),
-    "failed": ("FAILED_PERMANENT", "failed"),
-    "canceled": ("FAILED_PERMANENT", "canceled"),
-    "read": ("READ", None),  # WhatsApp/RCS only: unmappable on sms (no read signal)
-}
-_VONAGE: Mapping[str, tuple[str | None, str | None]] = {
-    "accepted": ("PROVIDER_ACCEPTED", None),
-    "buffered": ("PROVIDER_ACCEPTED", "buffered"),
-    "delivered": ("DELIVERED", None),
-    "expired": ("FAILED_PERMANENT", "expired_at_carrier"),
-    "failed": ("FAILED_PERMANENT", "failed"),
-    "rejected": ("FAILED_PERMANENT", "rejected"),
-    # The carrier never said: that is exactly DELIVERY_UNKNOWN, not a failure.
-    "unknown": ("DELIVERY_UNKNOWN", "carrier_unknown"),
-}
-_SENDGRID: Mapping[str, tuple[str | None, str | None]] = {
-    "processed": ("PROVIDER_ACCEPTED", None),
-    "deferred": ("PROVIDER_ACCEPTED", "deferred"),
-    "delivered": ("DELIVERED", None),
-    "open": ("OPENED", None),
-    "click": ("CLICKED", None),
-    "bounce": ("FAILED_PERMANENT", "bounce"),
-    "dropped": ("FAILED_PERMANENT", "dropped"),
-    # Not delivery states (opt-out signals for preferences): kept, counted as unmappable.
-    "spamreport": (None, "spamreport"),
-    "unsubscribe": (None, "unsubscribe"),
-    "group_unsubscribe": (None, "group_unsubscribe"),
-    "group_resubscribe": (None, "group_resubscribe"),
-}
 _INTERNAL: Mapping[str, tuple[str | None, str | None]] = {
     "delivered": ("DELIVERED", None),
     "read": ("READ", None),
@@ -258,7 +221,8 @@ def is_json(raw: Mapping[str, Any], body: bytes) -> bool:
     return "json" in ctype or body.lstrip()[:1] in (b"{", b"[")
 
 
-def _text(value: Any) -> str:
+def field_text(value: Any) -> str:
+    """A field's value as bounded text (JSON for anything but a string)."""
     text = value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
     return text[:_MAX_VALUE]
 
@@ -269,7 +233,7 @@ def extra_fields(fields: Mapping[str, Any], known: frozenset[str]) -> dict[str, 
     for name in sorted(fields):
         if name in known or name.lower() in _DROP or len(out) >= _MAX_EXTRA:
             continue
-        out[f"x.{name}"] = _text(fields[name])
+        out[f"x.{name}"] = field_text(fields[name])
     return out
 
 
@@ -292,7 +256,7 @@ def received_time(raw: Mapping[str, Any]) -> datetime:
 _LATEST_EPOCH_S = 253_402_300_799  # 9999-12-31T23:59:59Z, the last instant a datetime holds
 
 
-def _epoch(value: Any) -> datetime | None:
+def epoch_time(value: Any) -> datetime | None:
     """Epoch seconds (SendGrid) or milliseconds (Herald's own events), or None when `value` is
     not a number of either within 1970..9999 (`1e20`, `inf`, `nan`, `true`: the receipt's
     arrival time stands in for it)."""
@@ -327,148 +291,7 @@ def base_fields(
     }
 
 
-# -- per provider ----------------------------------------------------------------------------
-
-_TWILIO_KNOWN = frozenset({
-    "MessageSid", "SmsSid", "MessageStatus", "SmsStatus", "ErrorCode", "RawDlrDoneDate",
-    "AccountSid", "From", "To", "ApiVersion", "SmsMessageSid", "MessagingServiceSid",
-})  # fmt: skip
-_TWILIO_TOKEN = "i-twilio-idempotency-token"
-
-
-def _twilio(raw: Mapping[str, Any], body: bytes) -> list[ReceiptEvent]:
-    form = form_body(body)
-    sid = form.get("MessageSid") or form.get("SmsSid")
-    status = (form.get("MessageStatus") or form.get("SmsStatus") or "").lower()
-    if not sid or not status:
-        raise BadReceipt("unparseable_receipt", "sms_a: MessageSid or MessageStatus missing")
-    state, reason = state_of(_TWILIO, status)
-    code = form.get("ErrorCode") or ""
-    if code and state == "FAILED_PERMANENT":
-        reason = f"twilio_{code}"
-    attributes = {"provider_status": status, **extra_fields(form, _TWILIO_KNOWN)}
-    if code:
-        attributes["error_code"] = code
-    if form.get("RawDlrDoneDate"):
-        attributes["dlr_done"] = form["RawDlrDoneDate"]
-    headers = {str(k).lower(): str(v) for k, v in (raw.get("headers") or {}).items()}
-    token = headers.get(_TWILIO_TOKEN)
-    # The id comes from the signed form only: the idempotency token is an unsigned header, so
-    # a replayed callback with a new token must still be the event it was.
-    event_id = event_digest("sms_a", sid, status, code, form.get("RawDlrDoneDate"))
-    redrive = {_TWILIO_TOKEN: token} if token else {}
-    received = received_time(raw)
-    return [
-        ReceiptEvent(
-            **base_fields(raw, body, redrive),
-            provider_event_id=event_id,
-            provider_msg_id=sid,
-            delivery_hint=None,
-            status=status,
-            state=state,
-            reason=reason,
-            occurred_at=received,
-            attributes=attributes,
-        )  # fmt: skip
-    ]
-
-
-_VONAGE_KNOWN = frozenset({
-    "messageId", "status", "err-code", "message-timestamp", "scts", "client-ref", "msisdn", "to",
-    "network-code", "price", "api-key", "sig", "timestamp", "nonce",
-})  # fmt: skip
-
-
-def _vonage_time(text: str | None) -> datetime | None:
-    if not text:
-        return None
-    try:
-        return datetime.strptime(text, "%Y-%m-%d %H:%M:%S").replace(tzinfo=UTC)
-    except ValueError:
-        return None
-
-
-def _vonage(raw: Mapping[str, Any], body: bytes) -> list[ReceiptEvent]:
-    if is_json(raw, body):
-        data = json_body(body)
-        if not isinstance(data, dict):
-            raise BadReceipt("unparseable_receipt", "sms_b: JSON DLR is not an object")
-        fields = {str(k): v if isinstance(v, str) else _text(v) for k, v in data.items()}
-    else:
-        fields = form_body(body)
-    msg_id = fields.get("messageId") or fields.get("message-id")
-    status = (fields.get("status") or "").lower()
-    if not msg_id or not status:
-        raise BadReceipt("unparseable_receipt", "sms_b: messageId or status missing")
-    state, reason = state_of(_VONAGE, status)
-    code = fields.get("err-code") or ""
-    if code and code != "0" and state in ("FAILED_PERMANENT", "DELIVERY_UNKNOWN"):
-        reason = f"vonage_err_{code}"
-    attributes = {"provider_status": status, **extra_fields(fields, _VONAGE_KNOWN)}
-    for name, key in (("err-code", "error_code"), ("network-code", "network"), ("scts", "scts")):
-        if fields.get(name):
-            attributes[key] = fields[name]
-    event_id = event_digest("sms_b", msg_id, status, code, fields.get("scts"),
-                       fields.get("message-timestamp"))  # fmt: skip
-    occurred = _vonage_time(fields.get("message-timestamp")) or received_time(raw)
-    return [
-        ReceiptEvent(
-            **base_fields(raw, body, {}),
-            provider_event_id=event_id,
-            provider_msg_id=msg_id,
-            delivery_hint=fields.get("client-ref") or None,
-            status=status,
-            state=state,
-            reason=reason,
-            occurred_at=occurred,
-            attributes=attributes,
-        )  # fmt: skip
-    ]
-
-
-_SENDGRID_KNOWN = frozenset({
-    "event", "sg_event_id", "sg_message_id", "timestamp", "delivery_id", "type", "status",
-    "attempt", "category", "email", "smtp-id", "reason", "response", "url", "ip", "useragent",
-    "tls", "cert_err", "asm_group_id", "url_offset", "sg_machine_open", "bounce_classification",
-})  # fmt: skip
-
-
-def _sendgrid_event(raw: Mapping[str, Any], item: Any) -> ReceiptEvent:
-    if not isinstance(item, dict):
-        raise BadReceipt("unparseable_receipt", "email: an event is not an object")
-    status = str(item.get("event") or "").lower()
-    sg_message_id = str(item.get("sg_message_id") or "")
-    if not status:
-        raise BadReceipt("unparseable_receipt", "email: event without `event`")
-    msg_id = sg_message_id.split(".", 1)[0] or None  # X-Message-Id is its prefix
-    state, reason = state_of(_SENDGRID, status)
-    if status == "bounce" and item.get("type") == "blocked":
-        reason = "blocked"
-    attributes = {"provider_status": status, **extra_fields(item, _SENDGRID_KNOWN)}
-    for name in ("type", "status", "attempt", "bounce_classification", "sg_machine_open"):
-        if item.get(name) not in (None, ""):
-            attributes[name if name != "status" else "smtp_status"] = _text(item[name])
-    if item.get("url"):
-        attributes["link_hash"] = hashlib.sha256(str(item["url"]).encode()).hexdigest()[:16]
-    occurred = _epoch(item.get("timestamp")) or received_time(raw)
-    event_id = (
-        f"sendgrid:{item['sg_event_id']}"
-        if item.get("sg_event_id")
-        else event_digest("email", sg_message_id, status, item.get("timestamp"), item.get("url"))
-    )
-    hint = item.get("delivery_id")
-    return ReceiptEvent(
-        **base_fields(raw, orjson.dumps([item]), {}), provider_event_id=event_id,
-        provider_msg_id=msg_id, delivery_hint=str(hint) if hint else None, status=status,
-        state=state, reason=reason, occurred_at=occurred, attributes=attributes,
-    )  # fmt: skip
-
-
-def _sendgrid(raw: Mapping[str, Any], body: bytes) -> list[ReceiptEvent]:
-    data = json_body(body)
-    items = data if isinstance(data, list) else [data]
-    return [_sendgrid_event(raw, item) for item in items]
-
+# -- Herald's own sources: the in-app inbox and the app --------------------------------------
 
 _INTERNAL_KNOWN = frozenset({"delivery_id", "event", "event_id", "occurred_at"})
 
@@ -480,7 +303,7 @@ def _internal_event(raw: Mapping[str, Any], item: Any) -> ReceiptEvent:
     status = str(item["event"]).lower()
     state, reason = state_of(_INTERNAL, status)
     delivery_id = str(item["delivery_id"])
-    occurred = _epoch(item.get("occurred_at")) or received_time(raw)
+    occurred = epoch_time(item.get("occurred_at")) or received_time(raw)
     given = item.get("event_id")
     event_id = f"{provider}:{given}" if given else event_digest(provider, delivery_id, status)
     return ReceiptEvent(
@@ -498,23 +321,12 @@ def _internal(raw: Mapping[str, Any], body: bytes) -> list[ReceiptEvent]:
     return [_internal_event(raw, item) for item in items]
 
 
-# Receipts that say the address itself is dead (PROVIDERS.md §6, token_dead column): Twilio
-# 21610 (the recipient replied STOP) and 30006 (landline or unreachable carrier); Vonage DLR err
-# 3 (absent subscriber, permanent), 4 (barred by the user), 9 (illegal number); SendGrid hard
-# bounce (not `blocked`, which is the receiving server's policy). Receipts that say the person
-# wants no more marketing on that channel while the address works (a marketing opt-out,
-# sinks/consent.py, never a disabled address: their password resets must still arrive):
-# SendGrid's unsubscribe, group unsubscribe and spam report.
+# The in-app inbox's reads and the app's push opens; each webhook provider's format lives in its
+# folder (sinks/providers/<vendor>/receipts.py, its SPEC) and is registered by the receipts job.
+# A format names the reasons that say the address itself is dead (PROVIDERS.md §6, token_dead
+# column) and those that say the person wants no more marketing on that channel while the
+# address works (a marketing opt-out, sinks/consent.py, never a disabled address).
 _FORMATS: dict[str, ReceiptFormat] = {
-    "sms_a": ReceiptFormat(_twilio, dead_address=frozenset({"twilio_21610", "twilio_30006"})),
-    "sms_b": ReceiptFormat(
-        _vonage, dead_address=frozenset({"vonage_err_3", "vonage_err_4", "vonage_err_9"})
-    ),
-    "email": ReceiptFormat(
-        _sendgrid,
-        dead_address=frozenset({"bounce"}),
-        opt_out=frozenset({"unsubscribe", "group_unsubscribe", "spamreport"}),
-    ),
     "inbox": ReceiptFormat(_internal, names_delivery=True),
     "app": ReceiptFormat(_internal, names_delivery=True),
 }

@@ -3,6 +3,7 @@
     MODULES["sms_b"]        ("sinks.providers.vonage", "infra.simulators.vonage:VonageSimulator")
     spec("sms_b")           the module's `SPEC`: a ProviderSpec (imported on first use)
     specs()                 every provider's ProviderSpec, in MODULES order
+    register_receipt_formats()   herald.receipts reads every provider's receipts from then on
 
 A provider's folder (sinks/providers/<vendor>/: its client in client.py) has its `SPEC` in
 `__init__.py`: how a dispatch worker builds its client (settings from its own env prefix), its
@@ -24,9 +25,9 @@ from importlib import import_module
 from typing import Any
 
 from herald.providers import CallbackCheck
-from herald.receipts import ReceiptFormat
+from herald.receipts import ReceiptFormat, register_format
 
-__all__ = ["MODULES", "ProviderSpec", "load_clients", "spec", "specs"]
+__all__ = ["MODULES", "ProviderSpec", "load_clients", "register_receipt_formats", "spec", "specs"]
 
 # provider -> (its module, its simulator "module:Class"); herald/providers.py says its channel
 MODULES: Mapping[str, tuple[str, str]] = {
@@ -83,3 +84,11 @@ def load_clients() -> None:
     the imports (httpx, aiohttp, jh2, google-auth... up to a second on a busy machine)."""
     for module, _ in MODULES.values():
         import_module(f"{module}.client")
+
+
+def register_receipt_formats() -> None:
+    """Have herald.receipts read every registered provider's receipts (their formats live in
+    the providers' folders): the receipts job calls it when it builds its dataflow."""
+    for found in specs():
+        if found.receipts is not None:
+            register_format(found.name, found.receipts)

@@ -36,9 +36,17 @@ from herald.receipts import (
     opts_out,
 )
 from herald.status_keys import StatusUpdate, allowed_sources, status_key, write_statuses
+from sinks.provider_registry import register_receipt_formats
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 CFG = FoldConfig(hold_ttl=timedelta(minutes=10), state_ttl=timedelta(days=1))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _provider_formats() -> None:
+    """The providers' receipt formats live in their folders (sinks/providers/<vendor>/);
+    the receipts job registers them when it starts, and so do these tests."""
+    register_receipt_formats()
 
 
 def raw(provider: str, body: bytes, content_type: str = "", **headers: str) -> dict[str, Any]:

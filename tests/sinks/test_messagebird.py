@@ -18,11 +18,11 @@ from api.settings import ProviderSecrets
 from herald.config import HeraldSettings
 from herald.outcomes import Accepted, Outcome, PlatformError, RateLimited, Retryable, TokenDead
 from herald.providers import CallbackRequest
-from herald.receipts import kills_address, normalize, register_format
+from herald.receipts import kills_address, normalize
 from infra.simulators.launcher import RunningSimulator, start_simulator
 from infra.simulators.recorder import CallbackRecorder
 from sinks.channels.simenv import client_env
-from sinks.provider_registry import spec
+from sinks.provider_registry import register_receipt_formats, spec
 from sinks.providers.messagebird.client import MessageBirdClient
 from sinks.providers.messagebird.config import MessageBirdConfig
 from sinks.providers.messagebird.signature import signature
@@ -171,7 +171,7 @@ def test_signed_status_reports_pass_the_api_and_parse(
         raws = [receipt for _, receipt in api.read_topic("herald.receipts.raw", len(reports))]
     assert codes == [204] * len(reports)
 
-    register_format("sms_c", spec("sms_c").receipts)  # type: ignore[arg-type]
+    register_receipt_formats()
     events = [ev for raw in raws for ev in normalize(raw)]
     by_status = {ev.status: ev for ev in events}
     assert set(by_status) == {"sent", "delivery_failed"}

@@ -2,7 +2,7 @@
 
 Its registration is `SPEC` (sinks/provider_registry.py); the client is in client.py, loaded only
 when a dispatch worker builds one; its settings: SendGridConfig (sinks/providers/config.py),
-env HERALD_SENDGRID_*.
+env HERALD_SENDGRID_*; its event-webhook parser: receipts.py.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from sinks.provider_registry import ProviderSpec
+from sinks.providers.sendgrid import receipts
 
 __all__ = ["SPEC"]
 
@@ -34,4 +35,5 @@ def _simulator_env(c: Mapping[str, str], callback_base: str | None) -> dict[str,
 SPEC = ProviderSpec(
     "email", _client,
     rate=1_000, reserved=200, client_env=_simulator_env,
+    receipts=receipts.FORMAT,
 )  # fmt: skip

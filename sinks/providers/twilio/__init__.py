@@ -2,7 +2,7 @@
 
 Its registration is `SPEC` (sinks/provider_registry.py); the client is in client.py, loaded only
 when a dispatch worker builds one; its settings: TwilioConfig (sinks/providers/config.py),
-env HERALD_TWILIO_*.
+env HERALD_TWILIO_*; its status-callback parser: receipts.py.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from sinks.provider_registry import ProviderSpec
+from sinks.providers.twilio import receipts
 
 __all__ = ["SPEC"]
 
@@ -39,4 +40,5 @@ def _simulator_env(c: Mapping[str, str], callback_base: str | None) -> dict[str,
 SPEC = ProviderSpec(
     "sms_a", _client,
     rate=10_000, reserved=3_000, client_env=_simulator_env,
+    receipts=receipts.FORMAT,
 )  # fmt: skip

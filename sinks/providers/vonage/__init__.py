@@ -2,7 +2,7 @@
 
 Its registration is `SPEC` (sinks/provider_registry.py); the client is in client.py, loaded only
 when a dispatch worker builds one; its settings: VonageConfig (sinks/providers/config.py),
-env HERALD_VONAGE_*.
+env HERALD_VONAGE_*; its DLR parser: receipts.py.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from sinks.provider_registry import ProviderSpec
+from sinks.providers.vonage import receipts
 
 __all__ = ["SPEC"]
 
@@ -38,4 +39,5 @@ def _simulator_env(c: Mapping[str, str], callback_base: str | None) -> dict[str,
 SPEC = ProviderSpec(
     "sms_b", _client,
     rate=2_000, reserved=600, client_env=_simulator_env,
+    receipts=receipts.FORMAT,
 )  # fmt: skip

@@ -19,7 +19,7 @@ observable within seconds instead of minutes; none changes what is being checked
   spread, not the breaker (tested in tests/sinks).
 
 `pool` hands out users onboarded once through the API (tests/e2e/_helpers.py `UserPool`).
-Modules run in name order; the load scenarios (test_acceptance_under_load.py) come last, so a
+Modules run in name order; the load scenarios (test_acceptance_under_load.py) come late, so a
 flood still draining cannot delay another test's bulk send. Each scenario prints its figures
 (`pytest -s`).
 """
@@ -86,7 +86,8 @@ def pool(e2e: E2EStack) -> UserPool:
 @pytest.fixture(scope="package", autouse=True)
 def quiet_send(e2e: E2EStack, pool: UserPool) -> QuietSend:
     """A send into a user's quiet hours, made before the package's first test: the window ends
-    a minute or two later, and test_acceptance_consent checks the release after the tests
-    before it ran, instead of waiting for the window on its own."""
+    a minute or two later, and test_acceptance_time_consent (named to run after the modules that
+    cover that window, none of which resets the email simulator whose log it reads) checks the
+    release without waiting for the window on its own."""
     (user,) = pool.take(1)
     return send_into_quiet_hours(e2e.client, user)

@@ -1,15 +1,17 @@
-"""The launcher behind `herald up/status/down`, driven as a user would, on real processes."""
+"""The launcher behind `herald up/status/down`, driven as a user would, on real processes.
+
+`herald status`, a refused second `herald up` and a traced OTP through a detached stack are
+checked on the end-to-end tests' shared stack (tests/e2e/test_acceptance_cli.py); that
+`herald down` leaves nothing behind, on tests/infra/test_scaleout.py's."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 from herald.errors import AlreadyRunningError
@@ -30,64 +32,7 @@ def herald(*args: str, run_dir: Path, timeout: float = 240) -> subprocess.Comple
     )
 
 
-DEV_KEY = {"X-API-Key": "hk_dev_local_do_not_use_in_production"}
-
-
-TRACE = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
-
-
-def otp_travels_the_whole_pipeline(api: str, clickhouse: str) -> None:
-    """API → plan → dispatch → SMS simulator → signed status callback → receipts → DELIVERED;
-    the traceparent it was accepted with is on every event ClickHouse holds of it."""
-    import httpx
-
-    with httpx.Client(base_url=api, headers=DEV_KEY, timeout=10) as client:
-        contact = {"phone": {"e164": "+14155550123", "verified": True}}
-        assert client.put("/v1/users/e2e-user/contact-points", json=contact).status_code == 200
-        body = {
-            "request_id": "e2e-otp-1",
-            "notification_type": "otp_login",
-            "recipients": {"user_ids": ["e2e-user"]},
-            "params": {"code": "482913"},
-        }
-        accepted = client.post("/v1/notifications", json=body, headers={"traceparent": TRACE})
-        assert accepted.status_code == 202, accepted.text
-        nid = accepted.json()["notification_id"]
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            status = client.get(f"/v1/notifications/{nid}").json()
-            states = {d["channel"]: d for d in status.get("deliveries", [])}
-            if states.get("sms", {}).get("state") == "DELIVERED":
-                break
-            time.sleep(0.5)
-        sms = states["sms"]
-        assert sms["state"] == "DELIVERED", f"{sms} in {status}"
-        assert sms["provider"] in ("sms_a", "sms_b")
-        assert sms["layers"]["provider_accepted"] == "yes"
-    traced_in_clickhouse(clickhouse, nid)
-
-
-def traced_in_clickhouse(dsn: str, nid: str) -> None:
-    """Every job's events of `nid` reach ClickHouse with the notification's traceparent."""
-    from herald.clickhouse import herald_client
-    from herald.config import ClickHouseSettings
-
-    client = herald_client(ClickHouseSettings(dsn=dsn))
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            rows = client.query(
-                "SELECT state, traceparent FROM delivery_events WHERE notification_id = {n:String}",
-                parameters={"n": nid},
-            ).result_rows
-            states = {state for state, _ in rows}
-            if "DELIVERED" in states or time.monotonic() > deadline:
-                break
-            time.sleep(0.5)
-    finally:
-        client.close()
-    assert {"ACCEPTED", "PLANNED", "PROVIDER_ACCEPTED", "DELIVERED"} <= states, rows
-    assert {trace for _, trace in rows} == {TRACE}, rows
+DEV_KEY = {"X-API-Key": "hk_dev_local_do_not_use_in_production"}  # tests/infra/test_scaleout.py
 
 
 def test_second_start_is_refused_and_stop_leaves_nothing(tmp_path: Path) -> None:
@@ -109,68 +54,9 @@ def test_second_start_is_refused_and_stop_leaves_nothing(tmp_path: Path) -> None
 
 
 @pytest.mark.integration  # a whole `herald up` stack
-def test_cli_up_status_down(tmp_path: Path) -> None:
-    """`herald up --detach` → `status --json` exits 0 with addresses → `down` leaves nothing."""
-    up = herald("up", "--detach", run_dir=tmp_path)
-    assert up.returncode == 0, up.stdout + up.stderr
-    try:
-        again = herald("up", run_dir=tmp_path)
-        assert again.returncode == 1 and "already running" in again.stderr
-
-        # on a loaded machine a health probe can be slow: allow a few rounds
-        for _ in range(10):
-            status = herald("status", "--json", run_dir=tmp_path)
-            if status.returncode == 0:
-                break
-            time.sleep(2)
-        assert status.returncode == 0, status.stdout + status.stderr
-        doc = json.loads(status.stdout)
-        assert doc["healthy"] is True
-        for name in (
-            "kafka",
-            "redis",
-            "clickhouse",
-            "registry",
-            "sim-apns",
-            "sim-fcm",
-            "sim-sms_a",
-            "sim-sms_b",
-            "sim-sms_c",
-            "sim-email",
-        ):
-            assert doc["services"][name]["healthy"], doc["services"][name]
-            assert doc["services"][name]["address"]
-        jobs = ("api", "accepted", "digest", "plan_transactional", "plan_normal", "plan_bulk")
-        jobs += ("schedule", "dispatch_transactional", "dispatch_bulk_sms", "retry_transactional")
-        jobs += ("receipts", "warehouse", "dashboards")
-        for job in jobs:
-            assert doc["services"][job]["healthy"], doc["services"][job]
-        assert doc["dashboard_url"] and doc["dashboard_url"].startswith("http://127.0.0.1:")
-        assert doc["api_url"] and doc["api_url"].startswith("http://127.0.0.1:")
-        otp_travels_the_whole_pipeline(doc["api_url"], doc["services"]["clickhouse"]["address"])
-        # the registry service: Herald's processes registered their subjects through its URL,
-        # the one every other producer is given (no process but the service opens its file)
-        state = read_state(tmp_path)
-        assert state is not None and state["env"]["HERALD_REGISTRY_URL"] == doc["registry_url"]
-        assert doc["services"]["registry"]["kind"] == "service"
-        subjects = httpx.get(f"{doc['registry_url']}/subjects", timeout=10).json()
-        assert any("herald.requests.transactional" in s for s in subjects), subjects
-        pids = [s["pid"] for s in doc["services"].values()]
-        ports = read_state(tmp_path)["ports"].values()  # type: ignore[index]
-    finally:
-        down = herald("down", run_dir=tmp_path)
-    assert down.returncode == 0, down.stdout + down.stderr
-    assert not any(pid_alive(pid) for pid in pids)
-    assert not any(port_open("127.0.0.1", port) for port in ports)
-    after = herald("status", run_dir=tmp_path)
-    assert after.returncode == 1 and "no Herald stack" in after.stdout
-
-
-@pytest.mark.integration  # a whole `herald up` stack
 def test_foreground_up_stops_everything_on_ctrl_c(tmp_path: Path) -> None:
     """What `make run` does: `herald up` in the foreground, then SIGINT."""
     import signal
-    import time
 
     proc = subprocess.Popen(
         [sys.executable, "-m", "infra.cli", "up", "--run-dir", str(tmp_path)],

@@ -106,11 +106,11 @@ def create_app(
 
 
 def _pipelined_client(settings: HeraldSettings) -> object | None:
-    """The hot-path Redis client (api/resp.py), unless on a cluster or without hiredis."""
+    """The hot-path Redis client (api/redis_pipeline.py), unless on a cluster or without hiredis."""
     if settings.redis.cluster:
         return None
     try:
-        from api.resp import PipelinedRedis
+        from api.redis_pipeline import PipelinedRedis
     except ImportError:  # hiredis not installed: redis-py serves the scripts too
         return None
     return PipelinedRedis(settings.redis.url)

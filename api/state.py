@@ -51,7 +51,8 @@ class AppState:
     metrics: ApiMetrics = field(default_factory=ApiMetrics)
     serializers: dict[str, tuple[str, AvroSerializer]] = field(default_factory=dict)
     scripts: dict[str, Any] = field(default_factory=dict)
-    # Pipelining client for scripts (api/resp.py); None on Redis Cluster or without hiredis.
+    # Pipelining client for scripts (api/redis_pipeline.py); None on Redis Cluster or without
+    # hiredis.
     fast: Any = None
     _hub: InboxHub | None = None
     _segments: SegmentStore | None = None

@@ -54,10 +54,10 @@ from bench._harness import (
 )
 from dataflows import plan as plan_job
 from dataflows import users as users_job
-from dataflows._copies import UserState
 from dataflows._redis import redis_client
 from dataflows._runtime import tune_runtime
 from dataflows._settings import PlanningSettings
+from dataflows._user_copies import UserState
 from herald.config import HeraldSettings
 from herald.planning import AudienceBatch, Planned
 from schemas.registry import make_registry
@@ -79,7 +79,7 @@ def users_table(
 ) -> Iterator[tuple[bytes, bytes]]:
     """Preferences or contact points of every user (10 % opted out of marketing). `diverse`:
     each user also has a one-minute quiet-hours window of their own (1,440 distinct), so users
-    of a 1,000-user request hardly ever share a class (dataflows/_classes.py) and are planned
+    of a 1,000-user request hardly ever share a class (dataflows/_planned_alike.py) and are planned
     in full."""
     encode = _encoder(settings, topic)
     rng = random.Random(7)

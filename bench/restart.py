@@ -19,7 +19,7 @@ bench/fullstack.py starts it):
 
 The figures that must not move with N: restart-to-first-plan, the OTP p99 around the kill and
 the plan jobs' memory (a plan job holds no user table: it reads each chunk's users from the
-Redis copies, dataflows/_copies.py).
+Redis copies, dataflows/_user_copies.py).
 """
 
 from __future__ import annotations

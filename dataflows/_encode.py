@@ -7,7 +7,7 @@ letter. Used as a `flat_map_batch` mapper: other items in the batch (dead-letter
 KafkaRecords) pass through.
 
 Shaped outputs (`Output.shape`, set by the plan job for records that differ only in their ids)
-of the delivery and delivery_event schemas are spliced (dataflows/_splice.py): the shared
+of the delivery and delivery_event schemas are spliced (dataflows/_avro_splice.py): the shared
 fields are encoded once per shape and checked once against the whole record's bytes from the
 serializer (a mismatch logs `encode.splice_mismatch` and that shape falls back to the
 serializer); per record only the ids are encoded.
@@ -24,7 +24,7 @@ import logging
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from dataflows._splice import SpliceEncoder
+from dataflows._avro_splice import SpliceEncoder
 from herald.config import HeraldSettings
 from herald.dead_letters import dead_letter
 from herald.errors import SerdeError
@@ -153,7 +153,7 @@ class Encoder:
         encoded constant fields, the varying fields and their writers); None for an item
         without a shape, of a schema that does not splice, or whose shape fell back to the
         serializer (or failed to encode). Used to build records without `Output`s
-        (dataflows/_classes.py)."""
+        (dataflows/_planned_alike.py)."""
         if item.shape is None or self._secret(item):
             return None
         found = self._serializers.get(item.topic) or self._serializer(item.topic)

@@ -2,9 +2,10 @@
 
     Admission(...)(decoded)   requests -> PlanRequest | dead letter | None (a duplicate)
     Planner(...)(batch)       audience batches -> Output | KafkaRecord | dead letter: one Redis
-                              trip a batch for the users' state (the copies, dataflows/_copies.py),
-                              one for the frequency caps; users planned alike get encoded
-                              records from a template (dataflows/_classes.py)
+                              trip a batch for the users' state (the copies,
+                              dataflows/_user_copies.py), one for the frequency caps; users
+                              planned alike get encoded records from a template
+                              (dataflows/_planned_alike.py)
 
 They are callables over whole batches (`flat_map_batch`), so the per-item cost of the dataflow is
 paid once per batch for Redis round trips and clock reads. Redis clients are created on first use
@@ -22,13 +23,13 @@ from datetime import datetime, timedelta
 from functools import partial
 from typing import Any, NamedTuple
 
-from dataflows._classes import Classes, Template
-from dataflows._copies import BadCopy, UserState
 from dataflows._encode import Encoder
 from dataflows._metrics import CountOutputs
 from dataflows._otp_guard import OtpGuard
+from dataflows._planned_alike import Classes, Template
 from dataflows._redis import CapCharge, CapCounter, RequestGate, redis_client
 from dataflows._settings import Clock
+from dataflows._user_copies import BadCopy, UserState
 from herald import tracing
 from herald.catalog import Catalog
 from herald.config import HeraldSettings, SmsLimits
@@ -114,7 +115,7 @@ class Planner:
     trip, ~12% of the job's time when it waited, overlaps with the job's own work (the calling
     thread blocks on the socket without the GIL).
 
-    Users planned alike get their records from a template (dataflows/_classes.py), already
+    Users planned alike get their records from a template (dataflows/_planned_alike.py), already
     encoded: those come out as `KafkaRecord`s beside the `Output`s of users planned in full.
     The step counts the events it emits (`count`).
     """

@@ -38,7 +38,7 @@ class PlanningSettings(BaseSettings):
     # plan: audience batches per second and request partition; 0 = as fast as possible.
     fanout_batches_per_second: float = 0.0
     # plan: users whose parsed copies (preferences, contact points) a process keeps between
-    # batches, per generation (at most twice as many; dataflows/_copies.py).
+    # batches, per generation (at most twice as many; dataflows/_user_copies.py).
     state_cache_users: int = 50_000
     # plan: longest a request's notification_id is remembered to drop duplicate requests
     # (shorter for requests that expire earlier: until their expiry).

@@ -3,12 +3,12 @@
     herald.requests.{class} --requests_in--> audience batches of <= 1,000 users
         -> spread over the job's workers
         -> each user with their preferences and contact points: the Redis copies the users job
-           and the API keep (dataflows/_copies.py; one MGET per chunk of users)
+           and the API keep (dataflows/_user_copies.py; one MGET per chunk of users)
         -> per user x channel: catalog, cancel (herald.controls), opt-outs, availability,
            quiet hours, caps, expiry, rendering, fallback (herald.policy via
            herald.plan_records); users planned alike (same preferences and kinds of contact
            points) get their records from a template made from one of them
-           (dataflows/_classes.py)
+           (dataflows/_planned_alike.py)
         -> Delivery on herald.deliveries.{channel}.{class} (PLANNED), or on herald.scheduled
            with not_before (SCHEDULED), or nothing (SUPPRESSED / EXPIRED with the reason);
            every decision is a delivery_event on herald.delivery-events
@@ -99,7 +99,7 @@ def _chain(
     collector again and again (it took 15% of the job's time on that burst). A chunk takes the
     audience batches request by request, so the users of a request are planned together and
     share their records' prototypes (herald.plan_records.Prototypes) and templates
-    (dataflows/_classes.py).
+    (dataflows/_planned_alike.py).
 
     Redis answers while this process plans: the next chunk's users' state is fetched while a
     chunk is planned, and a chunk is finished (its cap charges' answers

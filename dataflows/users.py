@@ -47,9 +47,9 @@ from bytewax.dataflow import Dataflow
 from bytewax.outputs import DynamicSink, StatelessSinkPartition
 
 from dataflows._changelog import CaughtUp, ChangelogSource
-from dataflows._copies import RedisHeld
 from dataflows._redis import redis_client
 from dataflows._settings import entry_settings
+from dataflows._user_copies import RedisHeld
 from herald import keys
 from herald.config import HeraldSettings
 from herald.errors import InvalidLocale, InvalidTimeOfDay, InvalidTimezone, SerdeError

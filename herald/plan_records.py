@@ -79,7 +79,7 @@ class Output(NamedTuple):
 
     `shape`, when set, identifies every field of `value` except the per-record ids (delivery_id,
     user_id, address; event_id): records with the same shape differ only in those, which lets the
-    encoder encode the rest once (dataflows/_splice.py). None = no such promise.
+    encoder encode the rest once (dataflows/_avro_splice.py). None = no such promise.
     """
 
     topic: str

@@ -5,7 +5,7 @@ The plan job (dataflows/plan.py) moves these objects between its steps:
     NotificationRequest record --admit_request--> PlanRequest     (validated once per request)
     PlanRequest + up to 1,000 users -----------> AudienceBatch    (one fan-out unit)
     AudienceBatch + the users' copies ----------> Planned          (each user with their state,
-                                                                    dataflows/_copies.py)
+                                                                    dataflows/_user_copies.py)
 
 Bad requests raise `InvalidRequest` or a `CatalogLookupError` (both carry a machine-readable
 `code`); the job dead-letters them before any fan-out.
@@ -159,7 +159,7 @@ class UserView:
     user_id: str
     params: UserParams
     prefs: Preferences  # the plan job shares one among users with the same choices (its
-    # user_id is "" then: dataflows/_copies.py); planning reads the choices only
+    # user_id is "" then: dataflows/_user_copies.py); planning reads the choices only
     contacts: ContactPoints
 
 

@@ -80,7 +80,7 @@ MAX_INTERNED = 1_000_000
 def interned(key: tuple[Any, ...]) -> tuple[Any, ...]:
     """One object per distinct policy key (the first `MAX_INTERNED` keys), so that the keys of
     millions of users are a few shared objects: they compare by identity and stay in the CPU
-    cache (dataflows/_classes.py looks one up per planned user)."""
+    cache (dataflows/_planned_alike.py looks one up per planned user)."""
     found = _INTERNED.get(key)
     if found is not None:
         return found
@@ -111,7 +111,7 @@ class Preferences:
     locale: str | None = None
     version: int = 0
     # Every field `decide` and the plan job read (all but user_id and version): users with the
-    # same key are planned alike (dataflows/_classes.py). Made once per preferences record.
+    # same key are planned alike (dataflows/_planned_alike.py). Made once per preferences record.
     policy_key: tuple[Any, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -127,7 +127,7 @@ class Preferences:
     def for_user(self, user_id: str, version: int) -> Preferences:
         """These choices as `user_id`'s at `version`, without validating them again or making
         the policy key (~2.5x cheaper than `__init__`: the plan job makes one per planned user
-        from a copy whose choices it has seen, dataflows/_copies.py)."""
+        from a copy whose choices it has seen, dataflows/_user_copies.py)."""
         made = _new(Preferences)
         _set(made, "user_id", user_id)
         _set(made, "global_opt_out", self.global_opt_out)
@@ -164,7 +164,7 @@ class Preferences:
 
 class Device(NamedTuple):
     """One registered push endpoint. A NamedTuple: the plan job makes one per device of every
-    user it reads (dataflows/_copies.py), ~7x cheaper than a frozen dataclass."""
+    user it reads (dataflows/_user_copies.py), ~7x cheaper than a frozen dataclass."""
 
     device_id: str
     platform: str  # apns | fcm
@@ -192,7 +192,7 @@ class ContactPoints:
     version: int = 0
     disabled: frozenset[str] = frozenset()  # "phone"/"email" a provider reported dead
     # What `decide` reads besides the endpoints' values and device ids: users with the same key
-    # get the same decisions for other addresses (dataflows/_classes.py).
+    # get the same decisions for other addresses (dataflows/_planned_alike.py).
     policy_key: tuple[Any, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -219,7 +219,8 @@ class ContactPoints:
     ) -> ContactPoints:
         """`user_id`'s contact points at `version`: these addresses, with this one's verified
         flags, disabled kinds and policy key, made without `__init__` (the plan job, for a user
-        whose devices' kinds and flags it has seen: the key is the same, dataflows/_copies.py)."""
+        whose devices' kinds and flags it has seen: the key is the same,
+        dataflows/_user_copies.py)."""
         made = _new(ContactPoints)
         _set(made, "user_id", user_id)
         _set(made, "devices", devices)

@@ -6,7 +6,7 @@
 The schema is walked once and turned into nested closures, so a record costs one call per field
 and no type dispatch: about 1.7x faster than fastavro's `schemaless_writer` on a delivery
 event, byte for byte the same (tests/schemas/test_avro_writer.py checks every Herald schema).
-`schemas.serde.AvroSerializer` encodes with it; `dataflows/_splice.py` builds on it.
+`schemas.serde.AvroSerializer` encodes with it; `dataflows/_avro_splice.py` builds on it.
 
 Strict like fastavro's `strict_allow_default`: a record field missing from the value is an
 error unless the schema gives it a default (KeyError), and a record value with keys the schema

@@ -15,7 +15,7 @@ from bytewax.testing import run_main
 
 from dataflows import _changelog as changelog
 from dataflows._changelog import CaughtUp, ChangelogSource
-from dataflows._copies import RedisHeld
+from dataflows._user_copies import RedisHeld
 from dataflows.users import build_flow
 from herald import keys
 from herald.config import HeraldSettings
@@ -155,7 +155,7 @@ def test_a_position_written_after_a_loss_does_not_hide_it(settings: HeraldSettin
 
 
 class _Held:
-    """A `HeldTable` in memory (the users job's is Redis: dataflows/_copies.py `RedisHeld`)."""
+    """A `HeldTable` in memory (the users job's is Redis: dataflows/_user_copies.py `RedisHeld`)."""
 
     def __init__(self) -> None:
         self.positions: dict[str, int] = {}

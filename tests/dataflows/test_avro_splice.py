@@ -1,4 +1,4 @@
-"""dataflows._splice: byte-identical to fastavro on every Herald schema it serves."""
+"""dataflows._avro_splice: byte-identical to fastavro on every Herald schema it serves."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import random
 
 import pytest
 
+from dataflows._avro_splice import SpliceEncoder
 from dataflows._encode import SPLICED
-from dataflows._splice import SpliceEncoder
 from schemas import schema_text
 from tests.schemas.test_avro_writer import fastavro_bytes, variants
 

@@ -25,7 +25,7 @@ index among the channel's endpoints: push has one per valid device, the other ch
 for an event the delivery it follows or the channel's device-less id (a suppressed channel), and
 its event state. A derivation that cannot map a record exactly gives up, and that class stays
 on the full path: users with their own params, dead letters, records without a shape, ids that
-do not come from exactly one endpoint. tests/dataflows/test_classes.py holds the records to be
+do not come from exactly one endpoint. tests/dataflows/test_planned_alike.py holds the records to be
 byte for byte those of the full path.
 """
 

@@ -1,4 +1,4 @@
-"""api.resp.PipelinedRedis against a Redis of its own: scripts, errors, restarts."""
+"""api.redis_pipeline.PipelinedRedis against a Redis of its own: scripts, errors, restarts."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
-from api.resp import PipelinedRedis
+from api.redis_pipeline import PipelinedRedis
 from infra.process import free_port
 from infra.services import redis_binary
 

@@ -1,4 +1,5 @@
-"""dataflows._copies against the real Redis: the plan job's users come with their copies' state."""
+"""dataflows._user_copies against the real Redis: the plan job's users come with their copies'
+state."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import orjson
 import pytest
 import redis
 
-from dataflows._copies import BadCopy, CopyCache, UserState, _ContactsShapes, _PrefsShapes
+from dataflows._user_copies import BadCopy, CopyCache, UserState, _ContactsShapes, _PrefsShapes
 from herald import keys
 from herald.planning import AudienceBatch
 from herald.policy import ContactPoints, Preferences

@@ -8,8 +8,8 @@ Avro's binary form of a record is the concatenation of its fields' encodings in 
 the fields a campaign's deliveries share (notification, tenant, type, rendered content, expiry,
 fallback...) are encoded once per request × channel × locale and only the per-user fields (ids,
 address, timestamps) per record. On a delivery that is ~5x cheaper than fastavro's
-schemaless_writer, which dominated planning time. tests/dataflows/test_splice.py checks the bytes
-against fastavro. The fields are written by `schemas.avro_writer.compile_writer` (the types it
+schemaless_writer, which dominated planning time. tests/dataflows/test_avro_splice.py checks the
+bytes against fastavro. The fields are written by `schemas.avro_writer.compile_writer` (the types it
 supports are the ones a spliced schema may use).
 """
 

@@ -1,4 +1,4 @@
-"""dataflows._classes: a template's records are byte for byte those of the full planning path.
+"""dataflows._planned_alike: a template's records are byte for byte those of the full planning path.
 
 Varied users (opt-outs, quiet hours in several zones, locales, 0-2 devices some invalid, email
 and phone verified or not, disabled addresses) against varied requests (capped campaign, send at
@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from dataflows._classes import MIN_CLASS_USERS, Classes, Template, endpoints
 from dataflows._encode import Encoder
+from dataflows._planned_alike import MIN_CLASS_USERS, Classes, Template, endpoints
 from dataflows._redis import CapCharge
 from herald.caps import CapBucket
 from herald.catalog import load_catalog

@@ -150,7 +150,7 @@ class FullStack:
     @staticmethod
     def bulk_budget(provider: str) -> float:
         """What bulk may use of `provider`'s default budget (rate − reserved)."""
-        from sinks.channels.settings import DispatchSettings
+        from sinks.dispatch.settings import DispatchSettings
 
         rate = DispatchSettings().rates[provider]
         return rate.rate - rate.reserved
@@ -168,7 +168,7 @@ class FullStack:
         import json
 
         from bench.dispatch import CHANNEL_SIM, raw_client_with
-        from sinks.channels.simenv import client_env
+        from sinks.dispatch.simenv import client_env
 
         name = CHANNEL_SIM[channel]
         if name is None:

@@ -56,7 +56,7 @@ from bench._harness import (
 from herald.config import HeraldSettings
 from infra.simulators.launcher import RunningSimulator, start_simulator
 from schemas.registry import make_registry
-from sinks.channels.simenv import client_env
+from sinks.dispatch.simenv import client_env
 from sinks.kafka import topic_serializer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -259,7 +259,7 @@ def raw_client(channel: str, sims: dict[str, RunningSimulator], redis_url: str, 
 
 def raw_client_with(channel: str, env: dict[str, str], redis_url: str, n: int) -> dict:
     """`raw_client` with the client's settings given as its environment variables."""
-    from sinks.channels.clients import default_factories
+    from sinks.dispatch.clients import default_factories
 
     name = CHANNEL_SIM[channel]
     if name is not None:

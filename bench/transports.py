@@ -6,7 +6,7 @@ Herald's provider clients run by default on its own HTTP/2 transport (sinks/prov
 h2transport.py, h2connection.py) and, for HTTP/1.1, on aiohttp (httpx-aiohttp): Herald's own
 HTTP/1.1 transport was deleted once this benchmark showed aiohttp faster for less CPU. This
 measures, against the APNs simulator (HTTP/2 over TLS) and the SendGrid-shaped simulator
-(HTTP/1.1), the same provider client (`sinks.channels.clients.default_factories`) on each
+(HTTP/1.1), the same provider client (`sinks.dispatch.clients.default_factories`) on each
 transport of `HttpConfig.transport`, the default of each protocol as the baseline: `lean`
 (Herald's HTTP/2) or `aiohttp`, against `httpcore` (httpx's own) and `pyreqwest` (Rust reqwest
 under httpx). Each figure is sends/s and the
@@ -48,7 +48,7 @@ def _one(channel: str, transport: str, credentials: dict[str, Any], n: int) -> d
         "a = json.loads(sys.argv[1]); "
         "print(json.dumps(raw_client_with(a['channel'], a['env'], 'redis://127.0.0.1:1', a['n'])))"
     )
-    from sinks.channels.simenv import client_env
+    from sinks.dispatch.simenv import client_env
 
     env = client_env(SIMULATOR[channel], credentials)
     env[f"{ENV_PREFIX[channel]}TRANSPORT"] = transport

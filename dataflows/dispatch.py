@@ -1,7 +1,7 @@
 """dispatch: ready deliveries → provider calls → delivery events, retries, dead letters.
 
     herald.deliveries.{channel}.{class}   (Avro delivery; planned, released by schedule/retry)
-        -> DispatchSink (sinks/dispatch.py): guard → expiry/opt-out re-check → breaker →
+        -> DispatchSink (sinks/dispatch/sink.py): guard → expiry/opt-out re-check → breaker →
            rate shaping → provider call → retry decision
         -> herald.delivery-events   SENDING, PROVIDER_ACCEPTED (provider, provider_msg_id,
                                     latency_ms since planning), RETRY_SCHEDULED, UNKNOWN,
@@ -38,11 +38,11 @@ from herald.catalog import CHANNELS, TRAFFIC_CLASSES
 from herald.config import HeraldSettings, refuse_unsafe_defaults
 from herald.metrics import BreakerCollector
 from schemas.registry import make_registry
-from sinks.channels.clients import Factory
-from sinks.channels.engine import Hook
-from sinks.channels.records import JOB, deliveries_topic
-from sinks.channels.settings import DispatchSettings
-from sinks.dispatch import DispatchSink
+from sinks.dispatch.clients import Factory
+from sinks.dispatch.engine import Hook
+from sinks.dispatch.records import JOB, deliveries_topic
+from sinks.dispatch.settings import DispatchSettings
+from sinks.dispatch.sink import DispatchSink
 from sinks.kafka import KafkaProducerSink, kafka_output, to_dead_letter_topic
 from sources.kafka import kafka_avro_input
 
@@ -85,7 +85,7 @@ def build_flow(
     Without `settings` (entry point) it reads the environment, configures logging and serves
     /metrics when HERALD_METRICS_PORT is set. `bounded=True` stops at the current end of the
     input topics (tests). `factories` replaces the provider clients and `hook` observes the
-    batch stages (tests; see sinks/channels/engine.py).
+    batch stages (tests; see sinks/dispatch/engine.py).
     """
     topics = _topics(channel, traffic_class)
     job_process = settings is None

@@ -1,6 +1,6 @@
 """One dispatch attempt, decided without I/O: re-checks, attempt context, action → effects.
 
-The dispatch sink (sinks/dispatch.py, sinks/channels/) runs each delivery of a batch through
+The dispatch engine (sinks/dispatch/) runs each delivery of a batch through
 
     guard (herald.guard) → re-checks (`recheck`: expiry, opt-out) → breaker (herald.breaker)
     → shaping (herald.shaping) → provider call (sinks/providers) → `herald.retry.decide`

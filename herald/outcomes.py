@@ -12,7 +12,7 @@ these classes; events and dead letters use `kind` and `as_dict()`.
             | Unknown         request may have been sent but no answer: do not blindly retry
 
 `Lookup` is what a provider's own records say of a message whose outcome was Unknown
-(reconciliation, sinks/channels/reconcile.py): found (sent), not found (never got it), or
+(reconciliation, sinks/dispatch/reconcile.py): found (sent), not found (never got it), or
 cannot tell.
 
 Every outcome carries `provider`, `status_code` (None when no HTTP response was read) and

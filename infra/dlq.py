@@ -4,7 +4,7 @@
         -> DlqReplayResult
 
 Dispatch dead-letters a delivery when its retries are exhausted or its total deadline passed
-(sinks/channels/records.py): the letter's value is the Avro Delivery as it stood, its
+(sinks/dispatch/records.py): the letter's value is the Avro Delivery as it stood, its
 `source_topic` the deliveries topic it came from. A replay reads herald.dead-letters (every
 partition, from `since` or the beginning, up to the end it had when the replay started), keeps
 the letters of job `dispatch` (optionally of some reasons or deliveries) and for each:
@@ -53,10 +53,10 @@ from herald.sealing import Sealer
 from herald.topics import DELIVERY_EVENTS
 from schemas.registry import make_registry
 from schemas.serde import AvroDeserializer
-from sinks.channels.contacts import ContactStore
-from sinks.channels.records import RecordEncoder
-from sinks.channels.settings import DispatchSettings
-from sinks.dispatch import redis_client
+from sinks.dispatch.contacts import ContactStore
+from sinks.dispatch.records import RecordEncoder
+from sinks.dispatch.settings import DispatchSettings
+from sinks.dispatch.sink import redis_client
 from sinks.kafka import DEAD_LETTER_TOPIC
 
 __all__ = ["DlqReplayResult", "replay_dead_letters"]

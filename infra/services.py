@@ -314,7 +314,7 @@ def simulator_client_env(ctx: Ctx) -> dict[str, str]:
     """
     import json
 
-    from sinks.channels.simenv import client_env
+    from sinks.dispatch.simenv import client_env
 
     api = f"http://{ctx.host}:{ctx.port('api')}" if "api" in ctx.ports else None
     env: dict[str, str] = {}

@@ -7,7 +7,7 @@ names no address, only the delivery. The receipts job knows the `address_tag` of
 that delivery went to (from dispatch's PROVIDER_ACCEPTED event); this sink removes the user's
 current phone (or email) only when its tag is that one, so a number changed since the send is
 kept. The change goes exactly where dispatch's own dead-address path sends it
-(sinks.channels.contacts.ContactStore): under the user's lock, the new record on herald.devices
+(sinks.dispatch.contacts.ContactStore): under the user's lock, the new record on herald.devices
 (acked by Kafka) and then the API's Redis copy, so the plan job skips that channel from then on
 (`address_disabled`) and the user's other channels are still served.
 
@@ -29,7 +29,7 @@ from herald.delivery_fold import DeadAddress
 from herald.receipts import address_tag
 from herald.topics import DEVICES
 from schemas.registry import make_registry
-from sinks.channels.contacts import ContactStore
+from sinks.dispatch.contacts import ContactStore
 from sinks.kafka import KafkaRecord, topic_serializer
 from sinks.user_changes import UserChangePartition
 

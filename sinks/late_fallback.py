@@ -5,7 +5,7 @@
 An SMS the carrier reports "undelivered", an email that bounces: the failure arrives as a
 receipt seconds after dispatch recorded PROVIDER_ACCEPTED. Dispatch kept each accepted delivery
 with a cross-channel step under `watch_key` (its Avro Delivery value, until its expiry:
-sinks/channels/fallback.py); for each late failure this sink reads it and runs the same
+sinks/dispatch/fallback.py); for each late failure this sink reads it and runs the same
 `FallbackRouter` dispatch runs at send time, with the user's current preferences and contact
 points: the next step of the type's fallback graph, under the same rules (opt-outs, quiet hours,
 availability; never after the expiry). Its deliveries go to their deliveries topic, its events
@@ -30,11 +30,11 @@ from herald.config import HeraldSettings
 from herald.delivery_fold import LateFailure
 from schemas.registry import make_registry
 from schemas.serde import AvroDeserializer
-from sinks.channels.contacts import ContactStore
-from sinks.channels.fallback import FallbackRouter, watch_key
-from sinks.channels.records import RecordEncoder
-from sinks.channels.settings import DispatchSettings
-from sinks.channels.work import Outputs
+from sinks.dispatch.contacts import ContactStore
+from sinks.dispatch.fallback import FallbackRouter, watch_key
+from sinks.dispatch.records import RecordEncoder
+from sinks.dispatch.settings import DispatchSettings
+from sinks.dispatch.work import Outputs
 from sinks.user_changes import UserChangePartition
 
 __all__ = ["LateFallbackSink"]

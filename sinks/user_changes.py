@@ -14,7 +14,7 @@ from typing import Generic, TypeVar
 from bytewax.outputs import StatelessSinkPartition
 
 from herald.config import HeraldSettings
-from sinks.dispatch import redis_client
+from sinks.dispatch.sink import redis_client
 from sinks.kafka import KafkaProducerSink
 
 __all__ = ["UserChangePartition"]

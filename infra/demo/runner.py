@@ -103,7 +103,7 @@ def _scenes(
 ) -> list[SceneResult]:
     from dataflows._settings import PlanningSettings
     from dataflows.users import wait_copied
-    from sinks.channels.settings import DispatchSettings
+    from sinks.dispatch.settings import DispatchSettings
 
     run_id = f"demo{uuid.uuid4().hex[:6]}"
     ctx = context.Ctx(stack, ui, run_id, campaign_size, likes, channel)

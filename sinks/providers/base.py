@@ -248,7 +248,7 @@ class ProviderClient(ABC):
 
     async def lookup(self, delivery: Delivery) -> Lookup:
         """What the provider's records say of `delivery` after an Unknown outcome
-        (reconciliation, sinks/channels/reconcile.py); never raises: trouble is `found=None`."""
+        (reconciliation, sinks/dispatch/reconcile.py); never raises: trouble is `found=None`."""
         if not self.lookups:
             return Lookup(None)
         try:

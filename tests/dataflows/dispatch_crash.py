@@ -15,14 +15,14 @@ from pathlib import Path
 from bytewax.dataflow import Dataflow
 
 from dataflows.dispatch import build_flow as dispatch_flow
-from sinks.channels.work import Item
+from sinks.dispatch.work import Item
 
 
 def build_flow(
     channel: str = "push", traffic_class: str = "transactional", stage: str = "sent"
 ) -> Dataflow:
     """The real dispatch job with a crash hook at `stage` (guarded | answered | sent | marked:
-    sinks/channels/engine.py)."""
+    sinks/dispatch/engine.py)."""
     marker = Path(os.environ["HERALD_TEST_CRASH_MARKER"])
 
     def hook(name: str, items: list[Item]) -> None:

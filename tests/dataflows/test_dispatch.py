@@ -21,7 +21,7 @@ from bytewax.recovery import init_db_dir
 from herald import keys
 from herald.config import HeraldSettings
 from infra.simulators.launcher import RunningSimulator, start_simulator
-from sinks.channels.simenv import client_env
+from sinks.dispatch.simenv import client_env
 from tests.dataflows.helpers import produce
 from tests.dataflows.jobs import (
     DEAD_LETTERS,

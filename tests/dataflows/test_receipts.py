@@ -24,7 +24,7 @@ from herald.config import HeraldSettings
 from herald.receipts import address_tag
 from herald.sealing import Sealer, open_delivery
 from herald.status_keys import status_key
-from sinks.channels.fallback import watch_key
+from sinks.dispatch.fallback import watch_key
 from tests.dataflows.helpers import consume, decoder, encoder, opened, produce
 from tests.dataflows.test_accepted import Job, assert_no_job_errors
 from tests.schemas.examples import example

@@ -26,7 +26,7 @@ from herald.retry import (
     decide,
 )
 from herald.states import State
-from sinks.channels.settings import DispatchSettings
+from sinks.dispatch.settings import DispatchSettings
 
 NOW = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
 KEY = b"test-pii-key"

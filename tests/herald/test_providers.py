@@ -16,8 +16,8 @@ from herald import receipts
 from herald.providers import DEFAULT_PROVIDER, EXTERNAL, PROVIDERS, WEBHOOK, providers_of
 from infra.simulators import SIMULATORS
 from infra.stackclient import SIMULATORS as STACK_SIMULATORS
-from sinks.channels.clients import default_factories
-from sinks.channels.settings import DispatchSettings
+from sinks.dispatch.clients import default_factories
+from sinks.dispatch.settings import DispatchSettings
 from sinks.provider_registry import MODULES, spec, specs
 
 
@@ -60,7 +60,7 @@ def test_reading_the_registry_loads_no_client() -> None:
     of them pays for loading the clients (httpx, jh2, google-auth...)."""
     code = (
         "import sys; from sinks.provider_registry import specs; specs(); "
-        "from sinks.channels.settings import DispatchSettings; DispatchSettings(); "
+        "from sinks.dispatch.settings import DispatchSettings; DispatchSettings(); "
         "print(sorted(m for m in sys.modules if m in ('httpx', 'sinks.providers.base') "
         "or m.startswith('sinks.providers.') and m.endswith('.client')))"
     )

@@ -23,8 +23,8 @@ from herald.sealing import is_sealed
 from herald.status_keys import status_key
 from infra.dlq import replay_dead_letters
 from infra.simulators.launcher import RunningSimulator, start_simulator
-from sinks.channels.settings import DispatchSettings
-from sinks.dispatch import DispatchSink
+from sinks.dispatch.settings import DispatchSettings
+from sinks.dispatch.sink import DispatchSink
 from tests.dataflows.jobs import DEAD_LETTERS, EVENTS, read
 from tests.sinks.dispatch_helpers import delivery, dispatch_settings, factories, now, put_prefs
 

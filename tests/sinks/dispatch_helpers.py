@@ -1,6 +1,6 @@
 """Shared pieces of the dispatch sink tests: deliveries, a Dispatcher on real services.
 
-The dispatcher under test is the production one (sinks/channels/engine.py) with real Redis
+The dispatcher under test is the production one (sinks/dispatch/engine.py) with real Redis
 (guard, shaper, breaker, contact copies), real provider simulator processes and the real
 clients; only its Kafka output is read from the returned `Outputs` instead of a topic (the
 sink's producing path is covered by tests/dataflows/test_dispatch.py).
@@ -25,15 +25,15 @@ from herald.controls import DispatchControls
 from herald.guard import SendGuard
 from herald.shaping import RateShaper
 from infra.simulators.launcher import RunningSimulator
-from sinks.channels.clients import Factory, Providers
-from sinks.channels.contacts import ContactStore
-from sinks.channels.engine import Dispatcher, Hook
-from sinks.channels.escalation import EscalationCheck
-from sinks.channels.inbox import InboxClient
-from sinks.channels.loop import LoopThread
-from sinks.channels.sending import ShapedSender
-from sinks.channels.settings import DispatchSettings
-from sinks.channels.work import Outputs
+from sinks.dispatch.clients import Factory, Providers
+from sinks.dispatch.contacts import ContactStore
+from sinks.dispatch.engine import Dispatcher, Hook
+from sinks.dispatch.escalation import EscalationCheck
+from sinks.dispatch.inbox import InboxClient
+from sinks.dispatch.loop import LoopThread
+from sinks.dispatch.sending import ShapedSender
+from sinks.dispatch.settings import DispatchSettings
+from sinks.dispatch.work import Outputs
 from sinks.providers import ApnsClient, FcmClient, SendGridClient, TwilioClient, VonageClient
 from tests.sinks.providers.helpers import (
     apns_config,

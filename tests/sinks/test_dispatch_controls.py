@@ -13,7 +13,7 @@ from herald.controls import DispatchControls, parked_entry, split_parked
 from herald.guard import Proceed
 from herald.status_keys import header_key, request_header
 from infra.simulators.launcher import RunningSimulator
-from sinks.channels.work import Item
+from sinks.dispatch.work import Item
 from tests.sinks.dispatch_helpers import accepted_for, delivery, factories, harness, states
 
 pytestmark = pytest.mark.integration

@@ -1,4 +1,4 @@
-"""Escalation at dispatch (sinks/channels/escalation.py), real Redis and APNs simulator: the
+"""Escalation at dispatch (sinks/dispatch/escalation.py), real Redis and APNs simulator: the
 held push of an account_notice is dropped for the user who read the inbox item first and sent
 to the one who did not."""
 

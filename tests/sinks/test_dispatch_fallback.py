@@ -17,7 +17,7 @@ import redis
 
 from herald import ids, keys
 from infra.simulators.launcher import RunningSimulator, start_simulator
-from sinks.channels.fallback import watch_ttl
+from sinks.dispatch.fallback import watch_ttl
 from tests.conftest import RunningStack
 from tests.sinks.dispatch_helpers import (
     accepted_for,
@@ -94,7 +94,7 @@ def test_accepted_deliveries_with_a_fallback_are_kept_for_a_late_failure(
     fresh: dict, url: str
 ) -> None:
     """An OTP the SMS provider accepted may still fail (a DLR): dispatch hands it over to be
-    kept (sinks/dispatch.py keeps `out.watched` until its expiry); one without a cross-channel
+    kept (sinks/dispatch/sink.py keeps `out.watched` until its expiry); one without a cross-channel
     step is not kept."""
     d, plain = otp("+15005550125"), delivery("sms", address="+15005550126", fallback=["sms:sms_b"])
     with harness(url, factories(fresh, url)) as h:

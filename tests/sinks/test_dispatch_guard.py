@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from infra.simulators.launcher import RunningSimulator, start_simulator
-from sinks.channels.work import Item, Outputs
+from sinks.dispatch.work import Item, Outputs
 from tests.conftest import RunningStack
 from tests.sinks.dispatch_helpers import (
     Harness,

@@ -14,7 +14,7 @@ import redis
 from herald import keys
 from herald.guard import AlreadySent, Proceed
 from infra.simulators.launcher import RunningSimulator, start_simulator
-from sinks.channels.contacts import ContactStore
+from sinks.dispatch.contacts import ContactStore
 from tests.conftest import RunningStack
 from tests.sinks.dispatch_helpers import (
     accepted_for,

@@ -1,4 +1,4 @@
-"""Reconciliation of Unknown outcomes (sinks/channels/reconcile.py) against real Twilio- and
+"""Reconciliation of Unknown outcomes (sinks/dispatch/reconcile.py) against real Twilio- and
 SendGrid-style simulators and real Redis: a provider that took the message and never answered
 is found (SENT, no second message); one that lost the request before taking it is sent again
 once, under the same delivery_id; bulk is never resent; a provider without a lookup stays

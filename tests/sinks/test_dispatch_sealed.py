@@ -12,7 +12,7 @@ from herald.config import HeraldSettings
 from herald.kafka_records import Decoded, KafkaMessage
 from herald.sealing import Sealer, key_name, open_delivery, seal_delivery, shred_hour
 from infra.simulators.launcher import RunningSimulator
-from sinks.dispatch import DispatchSink
+from sinks.dispatch.sink import DispatchSink
 from tests.dataflows.helpers import consume, decoder
 from tests.sinks.dispatch_helpers import accepted_for, delivery, dispatch_settings, factories
 

@@ -21,7 +21,7 @@ from herald.providers import CallbackRequest
 from herald.receipts import kills_address, normalize
 from infra.simulators.launcher import RunningSimulator, start_simulator
 from infra.simulators.recorder import CallbackRecorder
-from sinks.channels.simenv import client_env
+from sinks.dispatch.simenv import client_env
 from sinks.provider_registry import register_receipt_formats, spec
 from sinks.providers.messagebird.client import MessageBirdClient
 from sinks.providers.messagebird.config import MessageBirdConfig

@@ -11,10 +11,10 @@ Stages (herald.dispatching holds the pure rules, herald.retry the decisions):
    herald.controls), both before the guard (nothing to release); one round trip per batch,
    which also takes the worker's send lease on each running notification, given back after
    the rounds; an escalation whose first message was read by now → SUPPRESSED
-   `read_before_escalation` (sinks/channels/escalation.py);
+   `read_before_escalation` (sinks/dispatch/escalation.py);
 2. guard (`SendGuard.acquire_many`, one round trip): SENT → its PROVIDER_ACCEPTED event is
    emitted again (same id) and nothing is sent; CLAIMED → skipped; UNKNOWN (an Unknown outcome
-   come back for reconciliation) → its provider is asked (sinks/channels/reconcile.py): sent,
+   come back for reconciliation) → its provider is asked (sinks/dispatch/reconcile.py): sent,
    sent again, or asked later; PENDING of another
    live worker → requeued for when that PENDING (or its worker's lease) expires (seed 000 §5.2
    "try again later"); PENDING of a dead worker (lease gone) → taken over and sent;
@@ -24,7 +24,7 @@ Stages (herald.dispatching holds the pure rules, herald.retry the decisions):
    planning; `herald.policy.quiet_end`) → held again: a SCHEDULED `quiet_hours` event and the
    delivery back to the retry topic, due when the window ends (the retry job holds it);
 4. rounds: breaker admission per delivery (a refused one fails over or is requeued without
-   counting an attempt), shaped sends (sinks/channels/sending.py), `decide` per outcome,
+   counting an attempt), shaped sends (sinks/dispatch/sending.py), `decide` per outcome,
    effects applied; a failover (SMS A→B) goes into the next round at once, same guard;
 5. guards: SENT for accepted (transactional) as each chunk's answers arrive (one pipelined
    round trip per chunk, before the next chunk's answers are settled), so a crash repeats at
@@ -33,7 +33,7 @@ Stages (herald.dispatching holds the pure rules, herald.retry the decisions):
    the batch).
 
 A delivery that ends on its channel (FAILED_PERMANENT, dead address, or no usable provider)
-falls back to the next channel of its fallback steps (sinks/channels/fallback.py,
+falls back to the next channel of its fallback steps (sinks/dispatch/fallback.py,
 herald.fallback); a dead phone/email is disabled like a dead push token.
 
 `hook(stage, items)` is called after stage 3 ("guarded": guards held, nothing sent), for each
@@ -83,13 +83,13 @@ from herald.retry import (
     decide_refused,
 )
 from herald.states import State
-from sinks.channels.contacts import ContactStore
-from sinks.channels.escalation import READ_FIRST, EscalationCheck
-from sinks.channels.fallback import FallbackRouter, ends, unusable
-from sinks.channels.reconcile import Reconciler
-from sinks.channels.sending import ShapedSender
-from sinks.channels.settings import DispatchSettings
-from sinks.channels.work import DeadLetterOut, Item, Outputs
+from sinks.dispatch.contacts import ContactStore
+from sinks.dispatch.escalation import READ_FIRST, EscalationCheck
+from sinks.dispatch.fallback import FallbackRouter, ends, unusable
+from sinks.dispatch.reconcile import Reconciler
+from sinks.dispatch.sending import ShapedSender
+from sinks.dispatch.settings import DispatchSettings
+from sinks.dispatch.work import DeadLetterOut, Item, Outputs
 
 __all__ = ["Dispatcher", "Hook"]
 

@@ -140,7 +140,7 @@ class DispatchSettings(BaseSettings):
     early_tolerance_s: float = Field(default=0.5, ge=0)
     # Upper bound of a provider call, as the guard TTL check assumes it.
     call_timeout_s: float = Field(default=10.0, gt=0)
-    # Reconciliation of an Unknown outcome (sinks/channels/reconcile.py): ask the provider this
+    # Reconciliation of an Unknown outcome (sinks/dispatch/reconcile.py): ask the provider this
     # long after the call (SendGrid's activity feed lags), and keep asking until this long after
     # the first attempt when it cannot tell.
     reconcile_after_s: float = Field(default=15.0, gt=0)

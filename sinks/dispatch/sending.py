@@ -28,8 +28,8 @@ from herald.dispatching import event
 from herald.outcomes import Outcome, Unknown
 from herald.shaping import RateShaper, TrafficClass
 from herald.states import State
-from sinks.channels.clients import Providers
-from sinks.channels.work import Item
+from sinks.dispatch.clients import Providers
+from sinks.dispatch.work import Item
 
 __all__ = ["ShapedSender"]
 

@@ -22,7 +22,7 @@ from herald import ids
 from herald.catalog import Catalog
 from herald.states import State
 from herald.status_keys import status_key
-from sinks.channels.work import Item
+from sinks.dispatch.work import Item
 
 __all__ = ["READ_FIRST", "EscalationCheck"]
 

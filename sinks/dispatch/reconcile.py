@@ -38,9 +38,9 @@ from herald.metrics import JobMetrics
 from herald.outcomes import Accepted
 from herald.retry import Done
 from herald.states import State
-from sinks.channels.clients import Providers
-from sinks.channels.settings import DispatchSettings
-from sinks.channels.work import Item, Outputs
+from sinks.dispatch.clients import Providers
+from sinks.dispatch.settings import DispatchSettings
+from sinks.dispatch.work import Item, Outputs
 
 __all__ = ["Reconciler"]
 

@@ -4,9 +4,9 @@
         items: sources.kafka.Decoded (KafkaMessage + Delivery dict)
 
 Each worker builds one partition that owns: an asyncio event loop in its own thread with the
-provider clients on it (sinks/channels/loop.py, clients.py), one sync Redis client shared by the
+provider clients on it (sinks/dispatch/loop.py, clients.py), one sync Redis client shared by the
 send guard, rate shaper, circuit breaker and contact store, and one idempotent Kafka producer
-(sinks.kafka). `write_batch` runs the batch through `sinks.channels.engine.Dispatcher` (guard →
+(sinks.kafka). `write_batch` runs the batch through `sinks.dispatch.engine.Dispatcher` (guard →
 re-checks → breaker → shaping → send → decide), then produces the delivery events, retry
 records and dead letters and **returns only after Kafka acknowledged all of them**, so Bytewax
 never commits an epoch whose outcomes are not durable; token cleanups and dead addresses are
@@ -46,16 +46,16 @@ from herald.metrics import JobMetrics
 from herald.sealing import Sealer, open_delivery
 from herald.shaping import RateShaper
 from schemas.registry import make_registry
-from sinks.channels.clients import Factory, Providers, default_factories
-from sinks.channels.contacts import ContactStore
-from sinks.channels.engine import Batch, Dispatcher, Hook
-from sinks.channels.escalation import EscalationCheck
-from sinks.channels.fallback import watch_key, watch_ttl
-from sinks.channels.loop import LoopThread
-from sinks.channels.records import RecordEncoder, deliveries_topic
-from sinks.channels.sending import ShapedSender
-from sinks.channels.settings import DispatchSettings
-from sinks.channels.work import DeadLetterOut, Outputs
+from sinks.dispatch.clients import Factory, Providers, default_factories
+from sinks.dispatch.contacts import ContactStore
+from sinks.dispatch.engine import Batch, Dispatcher, Hook
+from sinks.dispatch.escalation import EscalationCheck
+from sinks.dispatch.fallback import watch_key, watch_ttl
+from sinks.dispatch.loop import LoopThread
+from sinks.dispatch.records import RecordEncoder, deliveries_topic
+from sinks.dispatch.sending import ShapedSender
+from sinks.dispatch.settings import DispatchSettings
+from sinks.dispatch.work import DeadLetterOut, Outputs
 from sinks.kafka import KafkaProducerSink
 
 __all__ = ["DispatchSink", "redis_client", "utc_now"]
@@ -196,7 +196,7 @@ class DispatchPartition(StatelessSinkPartition[Decoded]):
 
     def _watch(self, deliveries: list[dict[str, Any]]) -> None:
         """Keep accepted deliveries with a cross-channel step for a late failure (one
-        pipelined round trip; sinks/channels/fallback.py)."""
+        pipelined round trip; sinks/dispatch/fallback.py)."""
         if not deliveries:
             return
         now = utc_now()

@@ -16,8 +16,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from herald.outcomes import Lookup, Outcome, PlatformError
-from sinks.channels.inbox import InboxClient
-from sinks.channels.loop import LoopThread
+from sinks.dispatch.inbox import InboxClient
+from sinks.dispatch.loop import LoopThread
 from sinks.provider_registry import load_clients, specs
 
 __all__ = ["Factory", "Providers", "Sender", "default_factories"]
@@ -92,7 +92,7 @@ class Providers:
 
     def lookup_all(self, asks: Sequence[tuple[str, Mapping[str, Any]]]) -> list[Lookup]:
         """(provider, delivery) pairs looked up at their providers, concurrently (the clients'
-        `lookup`, sinks/channels/reconcile.py); built clients only."""
+        `lookup`, sinks/dispatch/reconcile.py); built clients only."""
 
         async def _all() -> list[Lookup]:
             return list(await asyncio.gather(

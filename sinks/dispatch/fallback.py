@@ -29,8 +29,8 @@ from herald.catalog import Catalog
 from herald.dispatching import instant
 from herald.fallback import Fallback, fall_back, has_cross_channel_step
 from herald.retry import Action, FailPermanent, PausePlatform, Retry, TokenCleanup
-from sinks.channels.contacts import ContactStore
-from sinks.channels.work import Outputs
+from sinks.dispatch.contacts import ContactStore
+from sinks.dispatch.work import Outputs
 
 __all__ = ["WATCH_MAX_S", "FallbackRouter", "ends", "unusable", "watch_key", "watch_ttl"]
 

@@ -29,7 +29,7 @@ from herald.sealing import seal_delivery
 from herald.topics import DELIVERY_EVENTS, DEVICES, load_topics, physical_subject
 from schemas.registry import SchemaRegistry
 from schemas.serde import AvroSerializer
-from sinks.channels.work import DeadLetterOut, Outputs
+from sinks.dispatch.work import DeadLetterOut, Outputs
 from sinks.kafka import DEAD_LETTER_TOPIC, DeadLetterSealer, KafkaRecord
 
 __all__ = ["JOB", "RecordEncoder", "deliveries_topic", "retry_topic"]

@@ -313,9 +313,9 @@ def result_of(raw: dict[str, Any]) -> dict[str, Any]:
         f"OTP hops on the idle stack (ms, Herald's event times): {raw['otp_idle_hops']}",
         f"push stage lag (s from the POST until half of the stage's events): "
         f"{_lag(raw['push_timeline'])}",
-        "the first OTPs and password resets after start (one every 0.1 s, before the measured "
-        f"ones), accept → provider ms: {[round(x * 1000) for x in raw['otp_first_s']]} and "
-        f"{[round(x * 1000) for x in raw['reset_first_s']]}",
+        "the first OTPs and password resets after start (about one every 0.1 s, before the "
+        f"measured ones), accept → provider ms: {[round(x * 1000) for x in raw['otp_first_s']]}"
+        f" and {[round(x * 1000) for x in raw['reset_first_s']]}",
         f"transactional messages measured: {len(raw['otp_idle_s'])} OTPs idle, "
         f"{len(raw['reset_idle_s'])} + {len(raw['reset_busy_s'])} password resets "
         "(idle + during the email campaign); latency on the provider simulator's clock",

@@ -6,23 +6,23 @@
     EXTERNAL                            providers reached over the network (each one simulated
                                         in the embedded stack: infra/simulators)
     WEBHOOK                             providers that post receipts to /v1/callbacks/{name}
-    CallbackCheck, CallbackRequest      how the API verifies a provider's callbacks (a provider
-                                        folder's SPEC.callback, sinks/provider_registry.py)
+    CallbackCheck, CallbackRequest,     how the API verifies a provider's callbacks (a provider
+    CallbackCredentials                 folder's SPEC.callback, sinks/provider_registry.py)
 
 What a provider *does* (its client, config, receipt parser, signature check) lives with its
-code (sinks/providers/<vendor>/; the callback checks of sms_a, sms_b and email are still in
-api/routes/callbacks.py); which providers exist and which channel each serves is said here
-once. A push delivery carries its provider (the device's platform), so push has no default.
+code (sinks/providers/<vendor>/); which providers exist and which channel each serves is said
+here once. A push delivery carries its provider (the device's platform), so push has no default.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 __all__ = [
     "DEFAULT_PROVIDER",
     "CallbackCheck",
+    "CallbackCredentials",
     "CallbackRequest",
     "EXTERNAL",
     "PROVIDERS",
@@ -78,14 +78,26 @@ class CallbackRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class CallbackCredentials:
+    """What a provider's callback check is given: its secret, and its non-secret settings
+    (e.g. the Vonage signature method), each resolved by the API (api/settings.py)."""
+
+    secret: str
+    settings: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
 class CallbackCheck:
     """How the API verifies one provider's callbacks.
 
     `secret` names its secret: the key in its simulator's credentials.json, and its entry in
-    HERALD_PROVIDERS_SECRETS (api/settings.py). `verify(request, secret, max_skew_s)` returns
-    None for an authentic callback, else why not: "missing_signature" (answered 401),
-    "invalid_signature" or "stale_timestamp" (403). It never raises on malformed input.
+    HERALD_PROVIDERS_SECRETS (api/settings.py). `settings` are its non-secret settings with
+    their defaults, read from the same credentials.json. `verify(request, credentials,
+    max_skew_s)` returns None for an authentic callback, else why not: "missing_signature"
+    (answered 401), "invalid_signature" or "stale_timestamp" (403). It never raises on
+    malformed input.
     """
 
     secret: str
-    verify: Callable[[CallbackRequest, str, int], str | None]
+    verify: Callable[[CallbackRequest, CallbackCredentials, int], str | None]
+    settings: Mapping[str, str] = field(default_factory=dict)

@@ -1,10 +1,9 @@
 """POST /v1/callbacks/{provider}: verify the provider's signature, append the raw receipt.
 
-    sms_a   Twilio-style status callback (form) + X-Twilio-Signature (HMAC-SHA1, URL + params)
-    sms_b   Vonage-style DLR (form, JSON or query) with `sig` + `timestamp` (HMAC / md5hash)
-    email   SendGrid-style event webhook (JSON array) + ECDSA P-256 signature and timestamp
-    others  the check in the provider's folder (its SPEC.callback, sinks/provider_registry.py)
-    apns, fcm and anything else → 404 (those providers send no callbacks)
+    sms_a, sms_b, sms_c, email   the check in the provider's folder (its SPEC.callback,
+                                 sinks/providers/<vendor>/signature.py; the secret and settings
+                                 it is given: ProviderSecrets.credentials_for, api/settings.py)
+    apns, fcm and anything else  404 (those providers send no callbacks)
 
 No signature → 401, wrong or stale signature → 403 (both counted in
 `herald_api_callbacks_rejected_total{provider,reason}`); a provider without a configured secret
@@ -16,18 +15,14 @@ as a `raw_receipt`; 204 once Kafka acked, 503 if not (providers retry on non-2xx
 from __future__ import annotations
 
 import logging
-import time
 import uuid
 from collections.abc import Callable
-from typing import Annotated, Any
-from urllib.parse import parse_qsl
+from typing import Annotated
 
-import orjson
 from fastapi import APIRouter, Path, Request
 from fastapi.responses import Response
 
 from api.problems import ProblemError, problem_responses
-from api.signatures import verify_sendgrid, verify_twilio, verify_vonage
 from api.state import AppState, now_utc, state_of
 from herald.providers import WEBHOOK, CallbackCheck, CallbackRequest
 from herald.topics import RECEIPTS_RAW
@@ -38,8 +33,6 @@ router = APIRouter(tags=["callbacks"])
 
 PROVIDERS = WEBHOOK
 _DROP_HEADERS = {"authorization", "proxy-authorization", "cookie", "x-api-key"}
-SENDGRID_SIG = "x-twilio-email-event-webhook-signature"
-SENDGRID_TS = "x-twilio-email-event-webhook-timestamp"
 
 
 def _reject(st: AppState, provider: str, status: int, reason: str) -> ProblemError:
@@ -56,13 +49,6 @@ def _not_configured(st: AppState, provider: str) -> ProblemError:
     )  # fmt: skip
 
 
-def _form(body: bytes) -> dict[str, str]:
-    try:
-        return dict(parse_qsl(body.decode("utf-8"), keep_blank_values=True))
-    except (UnicodeDecodeError, ValueError):
-        return {}
-
-
 def _public_url(st: AppState, request: Request) -> str:
     if st.api.public_base_url:
         query = request.url.query
@@ -72,86 +58,27 @@ def _public_url(st: AppState, request: Request) -> str:
     return str(request.url)
 
 
-def _vonage_params(request: Request, body: bytes) -> dict[str, str]:
-    params: dict[str, str] = dict(request.query_params)
-    if request.headers.get("content-type", "").startswith("application/json"):
-        try:
-            data: Any = orjson.loads(body)
-        except orjson.JSONDecodeError:
-            data = None
-        if isinstance(data, dict):
-            params.update({str(k): v if isinstance(v, str) else orjson.dumps(v).decode()
-                           for k, v in data.items()})  # fmt: skip
-    else:
-        params.update(_form(body))
-    return params
-
-
-def _twilio(st: AppState, request: Request, body: bytes) -> str | None:
-    token = st.providers.sms_a_token()
-    if not token:
-        return _NOT_CONFIGURED
-    signature = request.headers.get("x-twilio-signature")
-    if not signature:
-        return "missing_signature"
-    if not verify_twilio(_public_url(st, request), _form(body), signature, token):
-        return "invalid_signature"
-    return None
-
-
-def _vonage(st: AppState, request: Request, body: bytes) -> str | None:
-    secret, method = st.providers.sms_b_secret()
-    if not secret:
-        return _NOT_CONFIGURED
-    params = _vonage_params(request, body)
-    if not params.get("sig"):
-        return "missing_signature"
-    max_age = st.providers.max_skew_seconds
-    if not verify_vonage(params, secret, method=method, max_age_s=max_age):
-        return "invalid_signature"
-    return None
-
-
-def _sendgrid(st: AppState, request: Request, body: bytes) -> str | None:
-    key = st.providers.email_public_key()
-    if not key:
-        return _NOT_CONFIGURED
-    signature, stamp = request.headers.get(SENDGRID_SIG), request.headers.get(SENDGRID_TS)
-    if not signature or not stamp:
-        return "missing_signature"
-    try:
-        fresh = abs(time.time() - int(stamp)) <= st.providers.max_skew_seconds
-    except ValueError:
-        fresh = False
-    if not fresh:
-        return "stale_timestamp"
-    if not verify_sendgrid(key, signature, stamp, body):
-        return "invalid_signature"
-    return None
-
-
 Check = Callable[[AppState, Request, bytes], "str | None"]
 _NOT_CONFIGURED = "not_configured"
-# provider -> its signature check (None: authentic; else why not). The providers whose check
-# lives in their own folder (SPEC.callback, sinks/provider_registry.py) are added below.
-CHECKS: dict[str, Check] = {"sms_a": _twilio, "sms_b": _vonage, "email": _sendgrid}
 
 
 def _registered(name: str, check: CallbackCheck) -> Check:
     def verify(st: AppState, request: Request, body: bytes) -> str | None:
-        secret = st.providers.secret_for(name, check.secret)
-        if not secret:
+        credentials = st.providers.credentials_for(name, check)
+        if credentials is None:
             return _NOT_CONFIGURED
         headers = {k.lower(): v for k, v in request.headers.items()}
         call = CallbackRequest(_public_url(st, request), headers, dict(request.query_params), body)
-        return check.verify(call, secret, st.providers.max_skew_seconds)
+        return check.verify(call, credentials, st.providers.max_skew_seconds)
 
     return verify
 
 
-for _spec in specs():
-    if _spec.callback is not None:
-        CHECKS[_spec.name] = _registered(_spec.name, _spec.callback)
+# provider -> its signature check (None: authentic; else why not), from each provider's folder
+# (its SPEC.callback, sinks/provider_registry.py)
+CHECKS: dict[str, Check] = {
+    spec.name: _registered(spec.name, spec.callback) for spec in specs() if spec.callback
+}
 
 
 def _verify(st: AppState, provider: str, request: Request, body: bytes) -> None:

@@ -3,8 +3,8 @@
 `plan()` turns one message's status sequence into (delay, status) pairs following the
 `ReceiptConfig` (base delay + step gap; reversed with probability `out_of_order`; each status
 repeated with probability `duplicate`). `CallbackPoster` posts them at those delays. The signers
-below produce the providers' documented signatures (the verifying side is
-`api.signatures`, written independently).
+below produce the providers' documented signatures (the verifying side is each provider
+folder's `signature.py`, sinks/providers/<vendor>/, written independently).
 """
 
 from __future__ import annotations

@@ -9,9 +9,10 @@ registered in sinks/provider_registry.py. The first five, whose names load from 
 | VonageClient   | sms_b    | vonage/    | Vonage SMS API (form)                    |
 | SendGridClient | email    | sendgrid/  | SendGrid v3 mail/send (JSON, Bearer)     |
 
-A provider's folder holds its client (`client.py`) and its registration (`SPEC` in
-`__init__.py`, read through sinks/provider_registry.py). Outcomes are `herald.outcomes`; the API
-checks webhook signatures (`api.signatures`). Each client owns one `httpx.AsyncClient` (create one
+A provider's folder holds its client (`client.py`), its registration (`SPEC` in `__init__.py`,
+read through sinks/provider_registry.py) and, for a provider that posts receipts, their parser
+(`receipts.py`) and signature check (`signature.py`, which the API runs). Outcomes are
+`herald.outcomes`. Each client owns one `httpx.AsyncClient` (create one
 per provider per process, close it with `aclose()` or `async with`), bounds its in-flight
 requests (`max_concurrency`) and maps every response and network failure per PROVIDERS.md §6.
 

@@ -17,7 +17,7 @@ from api.app import create_app
 from api.settings import ProviderSecrets
 from herald.config import HeraldSettings
 from herald.outcomes import Accepted, Outcome, PlatformError, RateLimited, Retryable, TokenDead
-from herald.providers import CallbackRequest
+from herald.providers import CallbackCredentials, CallbackRequest
 from herald.receipts import kills_address, normalize
 from infra.simulators.launcher import RunningSimulator, start_simulator
 from infra.simulators.recorder import CallbackRecorder
@@ -144,8 +144,8 @@ def test_signed_status_reports_pass_the_api_and_parse(
     assert check is not None and check.secret == "signing_key"
     for headers, body in reports:
         call = CallbackRequest("http://x/v1/callbacks/sms_c", headers, {}, body)
-        assert check.verify(call, key, 600) is None
-        assert check.verify(call, "another-key", 600) == "invalid_signature"
+        assert check.verify(call, CallbackCredentials(key), 600) is None
+        assert check.verify(call, CallbackCredentials("another-key"), 600) == "invalid_signature"
 
     providers = ProviderSecrets(secrets={"sms_c": SecretStr(key)})
     mark_users_restored(settings.redis.url, settings.kafka.topic_prefix)

@@ -8,7 +8,7 @@ import hashlib
 import hmac
 import time
 
-from herald.providers import CallbackRequest
+from herald.providers import CallbackCredentials, CallbackRequest
 
 __all__ = ["signature", "verify"]
 
@@ -21,7 +21,9 @@ def signature(key: str, timestamp: str, body: bytes) -> str:
     return hmac.new(key.encode(), timestamp.encode() + b"." + body, hashlib.sha256).hexdigest()
 
 
-def verify(request: CallbackRequest, key: str, max_skew_s: int) -> str | None:
+def verify(
+    request: CallbackRequest, credentials: CallbackCredentials, max_skew_s: int
+) -> str | None:
     """None for an authentic, fresh report; else why not (herald.providers.CallbackCheck)."""
     given, stamp = request.headers.get(SIGNATURE), request.headers.get(TIMESTAMP)
     if not given or not stamp:
@@ -33,7 +35,9 @@ def verify(request: CallbackRequest, key: str, max_skew_s: int) -> str | None:
     if not fresh:
         return "stale_timestamp"
     try:
-        same = hmac.compare_digest(signature(key, stamp, request.body), given.lower())
+        same = hmac.compare_digest(
+            signature(credentials.secret, stamp, request.body), given.lower()
+        )
     except (TypeError, UnicodeEncodeError):  # non-ASCII header value
         same = False
     return None if same else "invalid_signature"

@@ -2,7 +2,8 @@
 
 Its registration is `SPEC` (sinks/provider_registry.py); the client is in client.py, loaded only
 when a dispatch worker builds one; its settings: SendGridConfig (sinks/providers/config.py),
-env HERALD_SENDGRID_*; its event-webhook parser: receipts.py.
+env HERALD_SENDGRID_*; its event-webhook parser: receipts.py;
+its webhook signature check: signature.py.
 """
 
 from __future__ import annotations
@@ -10,8 +11,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from herald.providers import CallbackCheck
 from sinks.provider_registry import ProviderSpec
-from sinks.providers.sendgrid import receipts
+from sinks.providers.sendgrid import receipts, signature
 
 __all__ = ["SPEC"]
 
@@ -36,4 +38,5 @@ SPEC = ProviderSpec(
     "email", _client,
     rate=1_000, reserved=200, client_env=_simulator_env,
     receipts=receipts.FORMAT,
+    callback=CallbackCheck("webhook_public_key", signature.verify),
 )  # fmt: skip

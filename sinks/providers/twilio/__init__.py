@@ -2,7 +2,8 @@
 
 Its registration is `SPEC` (sinks/provider_registry.py); the client is in client.py, loaded only
 when a dispatch worker builds one; its settings: TwilioConfig (sinks/providers/config.py),
-env HERALD_TWILIO_*; its status-callback parser: receipts.py.
+env HERALD_TWILIO_*; its status-callback parser: receipts.py;
+its callback signature check: signature.py.
 """
 
 from __future__ import annotations
@@ -10,8 +11,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from herald.providers import CallbackCheck
 from sinks.provider_registry import ProviderSpec
-from sinks.providers.twilio import receipts
+from sinks.providers.twilio import receipts, signature
 
 __all__ = ["SPEC"]
 
@@ -41,4 +43,5 @@ SPEC = ProviderSpec(
     "sms_a", _client,
     rate=10_000, reserved=3_000, client_env=_simulator_env,
     receipts=receipts.FORMAT,
+    callback=CallbackCheck("auth_token", signature.verify),
 )  # fmt: skip

@@ -2,7 +2,7 @@
 
 Its registration is `SPEC` (sinks/provider_registry.py); the client is in client.py, loaded only
 when a dispatch worker builds one; its settings: VonageConfig (sinks/providers/config.py),
-env HERALD_VONAGE_*; its DLR parser: receipts.py.
+env HERALD_VONAGE_*; its DLR parser: receipts.py; its DLR signature check: signature.py.
 """
 
 from __future__ import annotations
@@ -10,8 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from herald.providers import CallbackCheck
 from sinks.provider_registry import ProviderSpec
-from sinks.providers.vonage import receipts
+from sinks.providers.vonage import receipts, signature
 
 __all__ = ["SPEC"]
 
@@ -40,4 +41,6 @@ SPEC = ProviderSpec(
     "sms_b", _client,
     rate=2_000, reserved=600, client_env=_simulator_env,
     receipts=receipts.FORMAT,
+    callback=CallbackCheck("signature_secret", signature.verify,
+                           settings={"signature_method": signature.DEFAULT_METHOD}),
 )  # fmt: skip

@@ -6,9 +6,11 @@ from typing import Any
 
 import httpx
 
-from api.signatures import verify_sendgrid, verify_twilio, verify_vonage
 from infra.simulators.launcher import RunningSimulator
 from infra.simulators.recorder import CallbackRecorder
+from sinks.providers.sendgrid.signature import verify_sendgrid
+from sinks.providers.twilio.signature import verify_twilio
+from sinks.providers.vonage.signature import verify_vonage
 
 FAST = {"delay": {"kind": "fixed", "ms": 20}, "step_ms": 150}
 

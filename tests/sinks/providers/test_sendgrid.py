@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 from pydantic import SecretStr
 
-from api.signatures import verify_sendgrid
 from herald.config import LinksSettings
 from herald.links import verify
 from herald.outcomes import (
@@ -20,6 +19,7 @@ from herald.outcomes import (
 from infra.simulators.launcher import RunningSimulator
 from infra.simulators.recorder import CallbackRecorder
 from sinks.providers import ProviderClient, SendGridClient
+from sinks.providers.sendgrid.signature import verify_sendgrid
 from tests.sinks.providers.helpers import delivery, send_one, send_with, sendgrid_config
 
 EMAIL = "user@example.com"

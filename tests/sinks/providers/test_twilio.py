@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from api.signatures import verify_twilio
 from herald.outcomes import (
     Accepted,
     Outcome,
@@ -19,6 +18,7 @@ from infra.process import free_port
 from infra.simulators.launcher import RunningSimulator
 from infra.simulators.recorder import CallbackRecorder
 from sinks.providers import ProviderClient, TwilioClient
+from sinks.providers.twilio.signature import verify_twilio
 from tests.sinks.providers.helpers import delivery, send_one, send_with, twilio_config
 
 PHONE = "+447700900301"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from api.signatures import verify_vonage
 from herald.outcomes import (
     Accepted,
     Outcome,
@@ -18,6 +17,7 @@ from herald.outcomes import (
 from infra.simulators.launcher import RunningSimulator
 from infra.simulators.recorder import CallbackRecorder
 from sinks.providers import ProviderClient, VonageClient
+from sinks.providers.vonage.signature import verify_vonage
 from tests.sinks.providers.helpers import delivery, send_one, send_with, vonage_config
 
 PHONE = "+447700900401"

@@ -10,12 +10,9 @@ import time
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from api.signatures import (
-    twilio_signature,
-    verify_sendgrid,
-    verify_twilio,
-    verify_vonage,
-)
+from sinks.providers.sendgrid.signature import verify_sendgrid
+from sinks.providers.twilio.signature import twilio_signature, verify_twilio
+from sinks.providers.vonage.signature import verify_vonage
 
 # The example from Twilio's "Webhooks security" documentation.
 TWILIO_URL = "https://mycompany.com/myapp.php?foo=1&bar=2"
@@ -88,3 +85,8 @@ def test_sendgrid_ecdsa_over_timestamp_and_body() -> None:
     assert not verify_sendgrid(public_b64, sig, stamp, body.replace(b"delivered", b"bounce"))
     assert not verify_sendgrid(public_b64, "not base64!", stamp, body)
     assert not verify_sendgrid("garbage", sig, stamp, body)
+    pem = key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    assert verify_sendgrid(pem.decode(), sig, stamp, body)  # the console's key, as PEM
+    assert not verify_sendgrid("-----BEGIN PUBLIC KEY-----\nbroken", sig, stamp, body)

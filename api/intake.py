@@ -24,8 +24,9 @@ import orjson
 
 from api.models import NotificationCreate
 from api.problems import ProblemError
-from herald.catalog import Catalog, NotificationType, locale_parents
-from herald.catalog import normalize_locale as _normalize
+from herald.catalog import Catalog, NotificationType
+from herald.catalog_fields import locale_parents
+from herald.catalog_fields import normalize_locale as _normalize
 from herald.errors import CatalogLookupError
 
 

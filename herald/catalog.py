@@ -6,9 +6,11 @@ and frequency-cap bucket. The file format is documented at the top of `catalog.t
 
 `load_catalog()` validates everything up front; every error is a `ConfigError` naming the type and
 field (`types.otp_login.expiry_seconds: ...`); unknown fields are errors too (typos). Each module
-parses the section it interprets: this one the catalog and type skeleton, `herald.render` the
-`templates` tables (syntax, and every variable must be a declared param), `herald.digest` the
-`digest` tables. Bypass flags are accepted only on transactional types with `approved = true`.
+parses the section it interprets: this one the catalog and type skeleton, `herald.templates` the
+`templates` tables (syntax, and every variable must be a declared param), `herald.digest_config`
+the `digest` tables, all with `herald.catalog_fields.Fields`; they sit below this module, and
+`herald.render` and `herald.digest` (which read a loaded catalog) above it. Bypass flags are
+accepted only on transactional types with `approved = true`.
 
 Lookups against a loaded catalog raise a `CatalogLookupError` carrying a machine code:
 
@@ -27,27 +29,24 @@ Locale fallback: the requested tag, then its parents (`pt-BR` → `pt`), then th
 
 from __future__ import annotations
 
-import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from herald.catalog_fields import Fields, ParseContext, locale_parents, normalize_locale
+from herald.digest_config import DigestConfig, parse_digest_config
 from herald.errors import (
     ConfigError,
-    InvalidLocale,
     InvalidTimezone,
     NoTemplate,
     UnknownNotificationType,
     UnknownTemplateVersion,
 )
 from herald.quiet_hours import get_zone
-
-if TYPE_CHECKING:
-    from herald.digest import DigestConfig
-    from herald.render import TemplateSet
+from herald.templates import TemplateSet, parse_templates
 
 __all__ = [
     "CATEGORIES",
@@ -59,7 +58,6 @@ __all__ = [
     "NotificationType",
     "load_catalog",
     "loads_catalog",
-    "normalize_locale",
 ]
 
 CATEGORIES = ("transactional", "marketing", "social")
@@ -67,7 +65,6 @@ TRAFFIC_CLASSES = ("transactional", "normal", "bulk")
 CHANNELS = ("push", "sms", "email", "inapp")
 DEFAULT_PATH = Path(__file__).with_name("catalog.toml")
 NO_CAP = "none"
-_LOCALE = re.compile(r"^[A-Za-z]{2,3}(?:[-_][A-Za-z0-9]{1,8})*$")
 _MEMO_LIMIT = 100_000
 _FLAGS = (
     "failover_on_unknown",
@@ -96,28 +93,6 @@ def reachable_channels(
                 seen[nxt] = None
                 queue.append(nxt)
     return tuple(seen)
-
-
-def normalize_locale(tag: str) -> str:
-    """`pt_br` → `pt-BR`, `zh-hans-cn` → `zh-Hans-CN`; raises `InvalidLocale` when malformed."""
-    if not isinstance(tag, str) or not _LOCALE.match(tag):
-        raise InvalidLocale(tag)
-    parts = tag.replace("_", "-").split("-")
-    out = [parts[0].lower()]
-    for part in parts[1:]:
-        if len(part) == 4 and part.isalpha():
-            out.append(part.title())
-        elif (len(part) == 2 and part.isalpha()) or (len(part) == 3 and part.isdigit()):
-            out.append(part.upper())
-        else:
-            out.append(part.lower())
-    return "-".join(out)
-
-
-def locale_parents(tag: str) -> tuple[str, ...]:
-    """`zh-Hant-TW` → (`zh-Hant-TW`, `zh-Hant`, `zh`)."""
-    parts = tag.split("-")
-    return tuple("-".join(parts[:n]) for n in range(len(parts), 0, -1))
 
 
 @dataclass(frozen=True, slots=True)
@@ -306,82 +281,6 @@ def loads_catalog(text: str, source: str = "<memory>") -> Catalog:
 
 # --- parsing and validation --------------------------------------------------------------------
 
-_MISSING: Any = object()
-
-
-class Fields:
-    """Typed, path-aware reader of one TOML table for the catalog parsers.
-
-    Every getter records the key; `close()` rejects keys nobody read (typos). Errors are
-    `ConfigError("catalog <file>: types.x.field: message")`.
-    """
-
-    def __init__(self, raw: Any, where: str, source: str) -> None:
-        self.where, self.source = where, source
-        if not isinstance(raw, dict):
-            raise ConfigError(f"catalog {source}: {where.rstrip('.')}: must be a table")
-        self.raw: dict[str, Any] = raw
-        self.seen: set[str] = set()
-
-    def error(self, key: str, msg: str) -> ConfigError:
-        path = f"{self.where}{key}" if key else self.where.rstrip(".")
-        return ConfigError(f"catalog {self.source}: {path}: {msg}")
-
-    def sub(self, key: str) -> Fields:
-        return Fields(self.get(key, dict), f"{self.where}{key}.", self.source)
-
-    def get(self, key: str, kind: type, default: Any = _MISSING) -> Any:
-        self.seen.add(key)
-        if key not in self.raw:
-            if default is _MISSING:
-                raise self.error(key, "is required")
-            return default
-        value = self.raw[key]
-        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-            raise self.error(key, f"must be of type {kind.__name__}, got {value!r}")
-        return value
-
-    def integer(self, key: str, minimum: int, default: Any = _MISSING) -> int:
-        value: int = self.get(key, int, default)
-        if value < minimum:
-            raise self.error(key, f"must be an integer >= {minimum}, got {value}")
-        return value
-
-    def choice(self, key: str, options: tuple[str, ...], default: Any = _MISSING) -> str:
-        value: str = self.get(key, str, default)
-        if value not in options:
-            raise self.error(key, f"must be one of {', '.join(options)}; got {value!r}")
-        return value
-
-    def strings(self, key: str, default: Any = _MISSING) -> list[str]:
-        value: list[Any] = self.get(key, list, default)
-        if not all(isinstance(v, str) and v for v in value) or len(set(value)) != len(value):
-            raise self.error(key, "must be a list of distinct non-empty strings")
-        return value
-
-    def locale(self, key: str, value: Any = _MISSING) -> str:
-        """Normalize `value` (default: the string at `key`) as a locale tag."""
-        tag = self.get(key, str) if value is _MISSING else value
-        try:
-            return normalize_locale(tag)
-        except InvalidLocale:
-            raise self.error(key, f"{tag!r} is not a BCP 47 locale") from None
-
-    def close(self) -> None:
-        unknown = sorted(set(self.raw) - self.seen)
-        if unknown:
-            raise self.error(unknown[0], "unknown field")
-
-
-@dataclass(frozen=True, slots=True)
-class ParseContext:
-    """Catalog-wide settings the per-type parsers need."""
-
-    source: str
-    default_locale: str
-    default_expiry: int
-    caps: Mapping[str, CapConfig]
-
 
 def parse_catalog(raw: Mapping[str, Any], source: str = "<memory>") -> Catalog:
     """Validate a decoded catalog table and build the `Catalog`; raises `ConfigError`."""
@@ -440,9 +339,6 @@ def _cap(caps: Fields, bucket: str) -> CapConfig:
 
 
 def _parse_type(f: Fields, name: str, ctx: ParseContext) -> NotificationType:
-    from herald.digest import parse_digest_config
-    from herald.render import parse_templates
-
     category = f.choice("category", CATEGORIES)
     channels = tuple(f.strings("channels"))
     if not channels or not set(channels) <= set(CHANNELS):

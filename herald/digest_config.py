@@ -1,7 +1,7 @@
 """The `digest` table of a catalog type: window length, actor and dedup bounds, line texts.
 
-Parsed by `herald.catalog` (through `parse_digest_config`); used by `herald.digest` (windows)
-and `herald.render` (digest lines). Re-exported by `herald.digest`.
+Parsed when the catalog loads (`herald.catalog` calls `parse_digest_config`); used by
+`herald.digest` (windows) and `herald.render` (digest lines). Re-exported by `herald.digest`.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 
-from herald.catalog import Fields, ParseContext
-from herald.render import check_variables
+from herald.catalog_fields import Fields, ParseContext
+from herald.templates import check_variables
 
 __all__ = ["DigestConfig", "DigestText", "parse_digest_config"]
 

@@ -17,7 +17,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from herald.catalog import Catalog, normalize_locale
+from herald.catalog import Catalog
+from herald.catalog_fields import normalize_locale
 from herald.errors import InvalidRequest, MissingParam
 from herald.ids import notification_id
 from herald.policy import ContactPoints, PolicyRequest, Preferences

@@ -45,7 +45,8 @@ from dataclasses import dataclass, field, fields, replace
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
-from herald.catalog import Catalog, NotificationType, normalize_locale, reachable_channels
+from herald.catalog import Catalog, NotificationType, reachable_channels
+from herald.catalog_fields import normalize_locale
 from herald.quiet_hours import QuietWindow, get_zone, quiet_until
 from herald.states import State
 

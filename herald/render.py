@@ -1,7 +1,8 @@
 """Template rendering: sandboxed Jinja2, compiled once per (type, channel, locale, version).
 
-Templates come from the catalog's `templates` tables (parsed and validated here at catalog load:
-syntax, allowed fields per channel, every variable a declared param). Rendering contract:
+Templates come from the catalog's `templates` tables (parsed and validated at catalog load by
+herald.templates: syntax, allowed fields per channel, every variable a declared param).
+Rendering contract:
 
 - `render(catalog, type, channel, locale, version, params) -> Rendered`: `locale` is the wanted
   locale (None = defaults) and goes through the catalog's fallback chain; `version` None = the
@@ -27,25 +28,17 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from functools import lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from jinja2 import StrictUndefined, Template, TemplateSyntaxError, UndefinedError, meta
+from jinja2 import StrictUndefined, Template, UndefinedError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from markupsafe import escape
 
-from herald.catalog import (
-    Catalog,
-    Fields,
-    LocaleRules,
-    NotificationType,
-    ParseContext,
-    locale_parents,
-)
+from herald.catalog import Catalog, LocaleRules, NotificationType
+from herald.catalog_fields import locale_parents
+from herald.digest_config import DigestText
 from herald.errors import MissingParam, RenderFailed
-
-if TYPE_CHECKING:
-    from herald.digest import DigestText
+from herald.templates import template_variables
 
 __all__ = [
     "DIGEST_ACTORS",
@@ -53,17 +46,11 @@ __all__ = [
     "BoundTemplate",
     "CompiledTemplate",
     "Rendered",
-    "TemplateSet",
-    "TemplateSource",
-    "TemplateSyntaxError",
-    "check_variables",
     "compiled",
     "decode_actors",
     "digest_line",
     "encode_actors",
-    "parse_templates",
     "render",
-    "template_variables",
 ]
 
 DIGEST_ACTORS = "digest_actors"
@@ -72,43 +59,10 @@ _PLAIN = ImmutableSandboxedEnvironment(undefined=StrictUndefined, keep_trailing_
 _HTML = ImmutableSandboxedEnvironment(
     undefined=StrictUndefined, keep_trailing_newline=True, autoescape=True
 )
-_CHANNEL_FIELDS = {
-    "push": {"title", "body", "data"},
-    "inapp": {"title", "body", "data"},
-    "sms": {"body", "data"},
-    "email": {"subject", "body", "data"},
-}
 _SIMPLE_VAR = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
 _JINJA_CONSTANTS = frozenset({"true", "false", "none", "True", "False", "None"})
 _UNDEFINED_NAME = re.compile(r"'([^']+)' is undefined")
 _NEWLINE = re.compile(r"\r\n|\r|\n")  # Jinja's lexer normalizes template newlines to "\n"
-
-
-@dataclass(frozen=True, slots=True)
-class TemplateSource:
-    """Source text of one (version, channel, locale) template; `variables` = names it uses."""
-
-    channel: str
-    locale: str
-    title: str | None
-    body: str
-    subject: str | None
-    data: tuple[tuple[str, str], ...]
-    variables: frozenset[str]
-
-
-@dataclass(frozen=True, slots=True)
-class TemplateSet:
-    """All templates of one version: `params` are required, `optional_params` may be absent."""
-
-    version: int
-    params: frozenset[str]
-    optional_params: frozenset[str]
-    sources: Mapping[tuple[str, str], TemplateSource]
-
-    def has(self, channel: str, locale: str) -> bool:
-        """True when a template exists for exactly this channel and locale."""
-        return (channel, locale) in self.sources
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,12 +87,6 @@ class Rendered:
 
 
 # --- compiled fields ---------------------------------------------------------------------------
-
-
-@lru_cache(maxsize=8192)
-def template_variables(source: str) -> frozenset[str]:
-    """Names a template reads; raises `TemplateSyntaxError` for invalid syntax."""
-    return frozenset(meta.find_undeclared_variables(_PLAIN.parse(source)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -394,80 +342,3 @@ def render(
 ) -> Rendered:
     """Render one delivery's content (see the module docstring for the contract)."""
     return compiled(catalog, type_name, channel, locale, version).render(params)
-
-
-# --- catalog section parser: types.<name>.templates --------------------------------------------
-
-
-def parse_templates(f: Fields, nt: NotificationType, ctx: ParseContext) -> dict[int, TemplateSet]:
-    """Parse and validate the `templates` table of one type (called by `herald.catalog`)."""
-    if not f.raw:
-        raise f.error("", "must define at least one version (templates.1)")
-    sets: dict[int, TemplateSet] = {}
-    for key in f.raw:
-        if not key.isdigit() or int(key) < 1:
-            raise f.error(key, "template versions are integers >= 1")
-        tset = _parse_set(int(key), f.sub(key), nt)
-        terminal = [loc for loc in (nt.default_locale, ctx.default_locale) if loc]
-        for channel in nt.allowed_channels:
-            if not any(tset.has(channel, loc) for loc in terminal):
-                raise f.error(f"{key}.{channel}", f"needs a template in {' or '.join(terminal)}")
-        sets[int(key)] = tset
-    f.close()
-    return sets
-
-
-def _parse_set(version: int, f: Fields, nt: NotificationType) -> TemplateSet:
-    params = frozenset(f.strings("params", []))
-    optional = frozenset(f.strings("optional_params", []))
-    allowed = params | optional | ({"summary"} if nt.digest else frozenset())
-    sources: dict[tuple[str, str], TemplateSource] = {}
-    for channel in [k for k in f.raw if k not in ("params", "optional_params")]:
-        if channel not in nt.allowed_channels:
-            raise f.error(channel, f"{nt.name} does not use channel {channel!r}")
-        per_locale = f.sub(channel)
-        for tag in per_locale.raw:
-            locale = per_locale.locale(tag, tag)
-            sources[(channel, locale)] = _parse_source(
-                channel, locale, per_locale.sub(tag), allowed
-            )
-        per_locale.close()
-    f.close()
-    return TemplateSet(version, params, optional, sources)
-
-
-def _parse_source(channel: str, locale: str, f: Fields, allowed: frozenset[str]) -> TemplateSource:
-    unknown = sorted(set(f.raw) - _CHANNEL_FIELDS[channel])
-    if unknown:
-        raise f.error(unknown[0], f"not a field of {channel} templates")
-    data: dict[str, Any] = f.get("data", dict, {})
-    if not all(isinstance(v, str) for v in data.values()):
-        raise f.error("data", "values must be strings (templates)")
-    title = f.get("title", str, None)
-    body: str = f.get("body", str)
-    subject = f.get("subject", str) if channel == "email" else None
-    used: set[str] = set()
-    for key, text in [
-        ("title", title),
-        ("body", body),
-        ("subject", subject),
-        *((f"data.{k}", v) for k, v in data.items()),
-    ]:
-        if text is not None:
-            used |= check_variables(f, key, text, allowed)
-    f.close()
-    return TemplateSource(
-        channel, locale, title, body, subject, tuple(sorted(data.items())), frozenset(used)
-    )
-
-
-def check_variables(f: Fields, key: str, text: str, allowed: frozenset[str]) -> frozenset[str]:
-    """The variables of `text`; `ConfigError` on bad syntax or a variable not in `allowed`."""
-    try:
-        used = template_variables(text)
-    except TemplateSyntaxError as exc:
-        raise f.error(key, f"template syntax error: {exc}") from None
-    undeclared = sorted(used - allowed)
-    if undeclared:
-        raise f.error(key, f"uses undeclared parameter {undeclared[0]!r} (declare it in params)")
-    return used

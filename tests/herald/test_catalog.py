@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from herald.catalog import Catalog, load_catalog, loads_catalog, normalize_locale, parse_catalog
+from herald.catalog import Catalog, load_catalog, loads_catalog, parse_catalog
+from herald.catalog_fields import normalize_locale
 from herald.errors import (
     CatalogLookupError,
     ConfigError,

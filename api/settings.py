@@ -69,8 +69,8 @@ class ProviderSecrets(BaseSettings):
         """What `provider`'s callback check is given (None: no secret, reject). The secret is
         HERALD_PROVIDERS_SECRETS' entry, else the provider's named setting (NAMED), else its
         simulator's credentials.json entry `check.secret`; each setting of `check.settings` is
-        the named setting, else the credentials.json entry of a simulator whose secret is used,
-        else its default."""
+        that simulator's entry (when its secret is the one used), else the named setting, else
+        its default."""
         named = {key: getattr(self, name) for (p, key), name in NAMED.items() if p == provider}
         explicit = self.secrets.get(provider) or named.get(check.secret)
         creds = {} if explicit is not None else self.simulator_credentials(provider)

@@ -49,6 +49,7 @@ __all__ = [
     "request_header",
     "status_entry",
     "status_key",
+    "supersedes",
     "write_headers",
     "write_statuses",
 ]
@@ -178,6 +179,18 @@ def allowed_sources(channel: str, state: str) -> tuple[str, ...]:
     """States of `channel` from which `state` may be entered (herald.states tables)."""
     table = states.TABLES.get(channel, {})
     return tuple(sorted(str(s) for s, targets in table.items() if state in targets))
+
+
+@cache
+def supersedes(channel: str, state: str, later: str) -> bool:
+    """Whether a delivery's `later` state, written right after `state` (same generation), leaves
+    the hot status as writing both would: it is entered from every state `state` is entered
+    from, and from `state` itself. A writer may then skip `state`'s update (`herald-superseded`,
+    herald/kafka_records.py). Not when `later` equals a source of `state`: the compare-and-set
+    would keep that older entry."""
+    sources = set(allowed_sources(channel, state))
+    after = set(allowed_sources(channel, later))
+    return later != state and state in after and sources <= after and later not in sources
 
 
 @dataclass(frozen=True, slots=True)

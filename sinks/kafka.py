@@ -36,6 +36,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from herald.config import HeraldSettings, KafkaSettings
 from herald.dead_letters import DETAIL_MAX, dead_letter
 from herald.errors import DeliveryError, SealUnavailable, SerdeError
+from herald.kafka_records import Headers
 from herald.sealing import Sealer, is_sealed
 from herald.topics import DEAD_LETTERS, load_topics, physical_subject
 from schemas.registry import SchemaRegistry
@@ -86,6 +87,7 @@ class KafkaRecord(NamedTuple):
     topic: str
     key: str | None
     value: bytes | None
+    headers: Headers | None = None  # herald/kafka_records.py names Herald's
 
 
 class RecordBatch(NamedTuple):
@@ -223,7 +225,7 @@ class _ProducerPartition(EpochFlushPartition[SinkItem]):
             self._tracker.fail(f"topic={msg.topic()} {err.name()}")
 
     def _produce(self, record: KafkaRecord) -> None:
-        self._producer.produce(record.topic, record.value, record.key)
+        self._producer.produce(record.topic, record.value, record.key, headers=record.headers)
 
     def submit(self, items: Sequence[SinkItem]) -> None:
         """Hand every record to librdkafka; waits (bounded) only while its queue is full."""
@@ -233,7 +235,7 @@ class _ProducerPartition(EpochFlushPartition[SinkItem]):
         try:
             for record in _records(items):
                 try:
-                    produce(record.topic, record.value, record.key)
+                    produce(record.topic, record.value, record.key, headers=record.headers)
                 except BufferError:  # queue full: serve callbacks until there is room
                     retry_while_full(
                         partial(self._produce, record),

@@ -293,16 +293,20 @@ def kafka_avro_input(
     job: str,
     registry: SchemaRegistry | None = None,
     timestamps: Literal["datetime", "millis"] = "datetime",
+    skip: Callable[[KafkaMessage], bool] | None = None,
     **source_options: Any,
 ) -> DecodeOut:
     """Consume logical `topics` (prefix applied) and decode them to `reader_schema`.
 
     `timestamps="millis"` leaves timestamp fields as epoch milliseconds (AvroDeserializer).
+    `skip(message)` True drops a record unread (by its headers, herald/kafka_records.py).
     `source_options` go to `KafkaSource` (start_at, batch_size, stop_at_end, ...).
     """
     registry = registry if registry is not None else make_registry(settings.registry)
     physical = [settings.kafka.topic(t) for t in topics]
     messages = op.input("read", flow, KafkaSource(settings.kafka, physical, **source_options))
+    if skip is not None:
+        messages = op.filter("unskipped", messages, lambda m: not skip(m))
     deserializer = AvroDeserializer(registry, reader_schema, timestamps=timestamps)
     return decode_avro("decode", messages, deserializer, job)
 

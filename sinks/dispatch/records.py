@@ -25,7 +25,9 @@ import orjson
 from herald.config import HeraldSettings
 from herald.dead_letters import dead_letter
 from herald.errors import SerdeError
+from herald.kafka_records import superseded_header
 from herald.sealing import seal_delivery
+from herald.status_keys import supersedes
 from herald.topics import DELIVERY_EVENTS, DEVICES, load_topics, physical_subject
 from schemas.registry import SchemaRegistry
 from schemas.serde import AvroSerializer
@@ -67,6 +69,7 @@ class RecordEncoder:
         # deliveries and retries of these types leave sealed again (herald/sealing.py)
         self.secret_types = secret_types
         self._serializers: dict[str, Callable[[Mapping[str, Any]], bytes]] = {}
+        self.events_topic = self.kafka.topic(EVENTS_TOPIC)
 
     def serializer(self, logical: str) -> Callable[[Mapping[str, Any]], bytes]:
         """The (unvalidated) serializer of a logical topic."""
@@ -80,9 +83,8 @@ class RecordEncoder:
 
     def encode(self, out: Outputs) -> list[KafkaRecord]:
         """Every record of `out`: events, retries, fallback deliveries, dead letters."""
-        records: list[KafkaRecord] = []
-        for ev in out.events:
-            records.append(self._one(EVENTS_TOPIC, ev["delivery_id"], ev))
+        records = [self._one(EVENTS_TOPIC, ev["delivery_id"], ev) for ev in out.events]
+        self._label_superseded(out.events, records)
         for rec in out.deliveries:
             topic = deliveries_topic(rec["channel"], rec["traffic_class"])
             records.append(self._one(topic, rec["delivery_id"], self.kept(rec)))
@@ -92,6 +94,19 @@ class RecordEncoder:
         for letter in out.dead_letters:
             records.append(self._dead(letter))
         return records
+
+    def _label_superseded(self, events: list[dict[str, Any]], records: list[KafkaRecord]) -> None:
+        """Mark each event a later event of its delivery in `events` supersedes (both encoded:
+        an event that became a dead letter supersedes nothing)."""
+        last: dict[str, int] = {}
+        for i, ev in enumerate(events):
+            if records[i].topic == self.events_topic:
+                last[ev["delivery_id"]] = i
+        for i, ev in enumerate(events):
+            j = last.get(ev["delivery_id"], i)
+            if j > i and records[i].topic == self.events_topic and _superseded(ev, events[j]):
+                headers = superseded_header(ev["channel"], ev["state"])
+                records[i] = records[i]._replace(headers=headers)
 
     def kept(self, rec: dict[str, Any], always: bool = False) -> dict[str, Any]:
         """A delivery as Kafka may keep it (herald/sealing.py): a secret type's sealed, and
@@ -138,3 +153,11 @@ class RecordEncoder:
         letter = self.seal(letter)
         value = self.serializer(DEAD_LETTER_TOPIC)(letter)
         return KafkaRecord(self.kafka.topic(DEAD_LETTER_TOPIC), letter["source_topic"], value)
+
+
+def _superseded(event: Mapping[str, Any], later: Mapping[str, Any]) -> bool:
+    """`later` (the same delivery's, produced after `event` in one batch) takes the hot status
+    from wherever `event` would: a consumer keeping only the current state may skip `event`."""
+    return event.get("generation", 0) == later.get("generation", 0) and supersedes(
+        event["channel"], event["state"], later["state"]
+    )

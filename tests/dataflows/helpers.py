@@ -15,13 +15,19 @@ from schemas.serde import AvroDeserializer
 from sinks.kafka import topic_serializer
 
 Record = tuple[bytes | None, bytes | None]
+Headers = list[tuple[str, bytes]]
 
 
-def produce(settings: HeraldSettings, logical_topic: str, records: list[Record]) -> None:
-    """Produce raw (key, value) pairs and wait until the broker acknowledged all of them."""
+def produce(
+    settings: HeraldSettings, logical_topic: str, records: list[Record],
+    headers: list[Headers | None] | None = None,
+) -> None:  # fmt: skip
+    """Produce raw (key, value) pairs (each with its `headers`, when given) and wait until the
+    broker acknowledged all of them."""
     producer = Producer({**settings.kafka.client_config(), "acks": "all"})
-    for key, value in records:
-        producer.produce(settings.kafka.topic(logical_topic), value, key)
+    for i, (key, value) in enumerate(records):
+        extra = headers[i] if headers is not None else None
+        producer.produce(settings.kafka.topic(logical_topic), value, key, headers=extra)
     assert producer.flush(30) == 0
 
 

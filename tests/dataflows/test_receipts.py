@@ -21,9 +21,10 @@ from dataflows.receipts import ReceiptsSettings, build_flow
 from herald import ids, keys
 from herald.clickhouse import herald_client
 from herald.config import HeraldSettings
+from herald.kafka_records import SUPERSEDED
 from herald.receipts import address_tag
 from herald.sealing import Sealer, open_delivery
-from herald.status_keys import status_key
+from herald.status_keys import counts_key, status_key
 from sinks.dispatch.fallback import watch_key
 from tests.dataflows.helpers import consume, decoder, encoder, opened, produce
 from tests.dataflows.test_accepted import Job, assert_no_job_errors
@@ -220,6 +221,47 @@ def test_a_push_campaigns_statuses_pass_and_the_fold_starts_at_the_providers_ans
     )
     assert opened["provider_msg_id"] == f"{w.p}apns-1"
     assert opened["latency_ms"] == 900 + 60_000  # from the accept the events' latency names
+
+
+def test_a_superseded_push_sending_is_dropped_unread_bounded(settings: HeraldSettings) -> None:
+    """Dispatch marks a push SENDING produced with its outcome (herald-superseded): receipts
+    drops it without decoding it (here its bytes are not even Avro), the outcome moves the
+    status from PLANNED, and the counts hold one delivery. A marked event of a channel whose
+    SENDING the fold needs is still read."""
+    w = World(settings)
+    push, sms = w.d("push-2"), w.d("sms-2")
+
+    def event(delivery: str, channel: str, state: str) -> tuple[bytes, bytes]:
+        value = {
+            "event_id": ids.event_id(delivery, state, 1), "delivery_id": delivery,
+            "generation": 0, "notification_id": w.nid, "user_id": "u-1",
+            "tenant_id": w.tenant, "notification_type": "marketing_campaign",
+            "channel": channel, "traffic_class": "bulk", "state": state, "reason": None,
+            "provider": "apns" if channel == "push" else "sms_a",
+            "provider_msg_id": f"{delivery}-msg" if state == "PROVIDER_ACCEPTED" else None,
+            "attempt": 1, "latency_ms": 5, "occurred_at": w.now, "recorded_at": w.now,
+            "attributes": {},
+        }  # fmt: skip
+        return delivery.encode(), w.enc_event(value)
+
+    marked = [(SUPERSEDED, b"push/SENDING")]
+    produce(settings, EVENTS, [
+        event(push, "push", "PLANNED"), (push.encode(), b"not avro"),
+        event(push, "push", "PROVIDER_ACCEPTED"),
+        event(sms, "sms", "PLANNED"), event(sms, "sms", "SENDING"),
+        event(sms, "sms", "PROVIDER_ACCEPTED"),
+    ], headers=[None, marked, None, None, [(SUPERSEDED, b"sms/SENDING")], None])  # fmt: skip
+    run_main(build_flow(settings, bounded=True), epoch_interval=timedelta(milliseconds=200))
+
+    assert w.status() == {push: "PROVIDER_ACCEPTED", sms: "PROVIDER_ACCEPTED"}
+    client = redis.Redis.from_url(settings.redis.url)
+    try:
+        counts = client.hgetall(counts_key(w.nid))
+    finally:
+        client.close()
+    assert {k.decode(): int(v) for k, v in counts.items() if int(v)} == {"PROVIDER_ACCEPTED": 2}
+    letters = consume(settings, "herald.dead-letters")
+    assert [v for _k, v in letters if push.encode() in (v or b"")] == []
 
 
 def test_hostile_timestamps_neither_stop_the_job_nor_lose_the_receipt_bounded(

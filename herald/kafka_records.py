@@ -6,8 +6,8 @@ record it was given).
     Decoded         a KafkaMessage with its decoded Avro value
 
 Headers Herald sets (a record's meaning is its value; a header only lets a consumer skip work):
-    herald-superseded   on a delivery event whose delivery has a later event in the same
-                        produced batch that takes the hot status from wherever this one would
+    herald-superseded   on a delivery event whose delivery's next event, produced after it in
+                        the same batch, takes the hot status from wherever this one would
                         (herald.status_keys.supersedes); value b"<channel>/<state>" of this
                         event. Set by dispatch on SENDING events produced with their outcome.
 """

@@ -96,17 +96,21 @@ class RecordEncoder:
         return records
 
     def _label_superseded(self, events: list[dict[str, Any]], records: list[KafkaRecord]) -> None:
-        """Mark each event a later event of its delivery in `events` supersedes (both encoded:
-        an event that became a dead letter supersedes nothing)."""
-        last: dict[str, int] = {}
-        for i, ev in enumerate(events):
-            if records[i].topic == self.events_topic:
-                last[ev["delivery_id"]] = i
-        for i, ev in enumerate(events):
-            j = last.get(ev["delivery_id"], i)
-            if j > i and records[i].topic == self.events_topic and _superseded(ev, events[j]):
-                headers = superseded_header(ev["channel"], ev["state"])
+        """Mark each event the next event of its delivery in `events` supersedes (both encoded:
+        an event that became a dead letter supersedes nothing). Pairwise is enough: whatever the
+        status before a marked event, its delivery's status after the next one is the same
+        with or without it, so a run of marked events may all be skipped."""
+        later: dict[str, int] = {}  # delivery -> index of its next event, walking backwards
+        for i in range(len(events) - 1, -1, -1):
+            delivery = events[i]["delivery_id"]
+            if records[i].topic != self.events_topic:
+                later.pop(delivery, None)
+                continue
+            j = later.get(delivery)
+            if j is not None and _superseded(events[i], events[j]):
+                headers = superseded_header(events[i]["channel"], events[i]["state"])
                 records[i] = records[i]._replace(headers=headers)
+            later[delivery] = i
 
     def kept(self, rec: dict[str, Any], always: bool = False) -> dict[str, Any]:
         """A delivery as Kafka may keep it (herald/sealing.py): a secret type's sealed, and
@@ -156,8 +160,9 @@ class RecordEncoder:
 
 
 def _superseded(event: Mapping[str, Any], later: Mapping[str, Any]) -> bool:
-    """`later` (the same delivery's, produced after `event` in one batch) takes the hot status
-    from wherever `event` would: a consumer keeping only the current state may skip `event`."""
+    """`later` (the same delivery's next event, produced after `event` in one batch) takes the
+    hot status from wherever `event` would: a consumer keeping only the current state may skip
+    `event`."""
     return event.get("generation", 0) == later.get("generation", 0) and supersedes(
         event["channel"], event["state"], later["state"]
     )

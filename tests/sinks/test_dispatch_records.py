@@ -57,3 +57,14 @@ def test_events_of_another_generation_supersede_nothing(encoder: RecordEncoder) 
     replayed = event({**d, "generation": 1}, State.PROVIDER_ACCEPTED, attempt=1, now=at,
                      provider="apns")  # fmt: skip
     assert _marks(encoder, sending, replayed) == [None, None]
+
+
+def test_each_event_is_judged_against_the_next_of_its_delivery(encoder: RecordEncoder) -> None:
+    """A send that fails over within one batch: the first SENDING is followed by a retry (not
+    superseded), the second by the answer (superseded); the last event is never marked."""
+    d, at = delivery("sms"), now()
+    first = event(d, State.SENDING, attempt=1, now=at, provider="sms_a")
+    retry = event(d, State.RETRY_SCHEDULED, attempt=1, now=at, provider="sms_a", reason="5xx")
+    second = event(d, State.SENDING, attempt=2, now=at, provider="sms_b")
+    accepted = event(d, State.PROVIDER_ACCEPTED, attempt=2, now=at, provider="sms_b")
+    assert _marks(encoder, first, retry, second, accepted) == [None, None, b"sms/SENDING", None]

@@ -13,8 +13,6 @@ Series (every one carries `job`, the process kind: accepted, receipts, warehouse
     herald_errors_total{job,error_class}           errors by class (permanent, retryable, ...)
     herald_dead_letters_total{job,reason}          records dead-lettered
     herald_receipts_total{job,provider,outcome}    receipt events by fold outcome
-    herald_loaded_total{job,table,how}             records loaded into ClickHouse (how: avro,
-                                                   ClickHouse decoded them; rows, decoded here)
     herald_consumer_lag{job,topic,partition}       records behind the end of a partition
     herald_breaker_state{provider}                 0 closed, 1 half-open, 2 open
 
@@ -73,7 +71,6 @@ class _Families:
     errors: Counter
     dead_letters: Counter
     receipts: Counter
-    loaded: Counter
     lag: Gauge
 
 
@@ -94,9 +91,6 @@ def _families(registry: CollectorRegistry = REGISTRY) -> _Families:
         receipts=Counter("herald_receipts", "Receipt events by outcome (applied, duplicate,"
                          " stale, premature, unmappable, unmatched).",
                          ["job", "provider", "outcome"], registry=registry),
-        loaded=Counter("herald_loaded", "Records loaded into ClickHouse (how: avro, decoded by"
-                       " ClickHouse; rows, decoded by the job).", ["job", "table", "how"],
-                       registry=registry),
         lag=Gauge("herald_consumer_lag", "Records between a job's committed position and the"
                   " end of the partition.", ["job", "topic", "partition"], registry=registry),
     )  # fmt: skip
@@ -127,10 +121,6 @@ class JobMetrics:
 
     def receipt(self, provider: str, outcome: str, n: int = 1) -> None:
         self._f.receipts.labels(self.job, provider, outcome).inc(n)
-
-    def loaded(self, table: str, how: str, n: int) -> None:
-        """`n` records loaded into ClickHouse `table` (`how`: avro | rows)."""
-        self._f.loaded.labels(self.job, table, how).inc(n)
 
     def lag(self, topic: str, partition: int, records: int) -> None:
         self._f.lag.labels(self.job, topic, str(partition)).set(records)

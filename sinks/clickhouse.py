@@ -1,9 +1,6 @@
 """ClickHouse output: every batch Bytewax hands a worker becomes one INSERT.
 
     ClickHouseSink(settings, table, columns)    Bytewax sink; items are dict rows
-    AvroLoader(settings, table, registry_url)   Confluent-framed Avro values as Kafka holds
-                                                them, decoded by ClickHouse (FORMAT
-                                                AvroConfluent, schemas fetched from the registry)
 
 Guarantee: at-least-once. `write_batch` returns only after ClickHouse acknowledged the insert,
 so an epoch never commits with rows in flight (a `DynamicSink` has no epoch hook, see
@@ -23,8 +20,7 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Callable, Mapping, Sequence
-from functools import partial
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from bytewax.outputs import DynamicSink, StatelessSinkPartition
@@ -35,7 +31,7 @@ from clickhouse_connect.driver.insert import InsertContext
 from herald.clickhouse import herald_client
 from herald.config import ClickHouseSettings
 
-__all__ = ["AvroLoader", "ClickHouseSink"]
+__all__ = ["ClickHouseSink"]
 
 log = logging.getLogger(__name__)
 
@@ -99,78 +95,25 @@ class _ClickHousePartition(StatelessSinkPartition[Row]):
             rows = [[item[c] for c in self._columns] for item in items]
         except KeyError as exc:
             raise ValueError(f"{self._table}: row without column {exc.args[0]!r}") from None
-        _retrying(partial(self._insert, rows), self._table, len(rows), self._retry_for)
-
-    def _insert(self, rows: list[list[Any]]) -> None:
-        if self._context is None:
-            self._context = self._client.create_insert_context(self._table, list(self._columns))
-        self._context.data = rows
-        self._client.insert(context=self._context)
+        deadline = time.monotonic() + self._retry_for
+        delay = 0.1
+        while True:
+            try:
+                if self._context is None:
+                    self._context = self._client.create_insert_context(
+                        self._table, list(self._columns)
+                    )
+                self._context.data = rows
+                self._client.insert(context=self._context)
+                return
+            except OperationalError as exc:
+                if time.monotonic() + delay > deadline:
+                    raise
+                log.warning("sink.clickhouse_retry table=%s rows=%d error=%s",
+                            self._table, len(rows), type(exc).__name__)  # fmt: skip
+                time.sleep(delay)
+                delay = min(delay * 2, 2.0)
 
     def close(self) -> None:
         """Release the client's connections."""
         self._client.close()
-
-
-class AvroLoader:
-    """Inserts Confluent-framed Avro values (magic byte, schema id, body: Kafka's bytes) into
-    `table` in one INSERT ... FORMAT AvroConfluent; ClickHouse reads each value's writer schema
-    from the registry at `registry_url` (cached by id) and maps fields to columns by name
-    (fields the table lacks are skipped, columns the record lacks take their defaults).
-
-    On the embedded stack, 15,001 delivery events of a push campaign loaded this way in 0.08 s
-    (HTTP included), the same rows as the job's own; decoding them in Python alone took 0.19 s
-    (measured 2026-12-04). `load` retries transport failures like
-    `ClickHouseSink` and raises `DatabaseError` when ClickHouse refuses the data (a value it
-    cannot decode, a registry it cannot reach): the caller then loads them another way.
-    """
-
-    def __init__(
-        self, settings: ClickHouseSettings, table: str, registry_url: str, *,
-        retry_for: float = 30.0,
-    ) -> None:  # fmt: skip
-        if not _IDENTIFIER_RE.fullmatch(table):
-            raise ValueError(f"invalid table name {table!r}")
-        self.settings = settings
-        self.table = table
-        self.retry_for = retry_for
-        self._options = {
-            "format_avro_schema_registry_url": registry_url,
-            "input_format_skip_unknown_fields": 1,
-        }
-        self._client: Client | None = None
-
-    def load(self, values: Sequence[bytes]) -> None:
-        """Insert `values` in one INSERT; return once ClickHouse acknowledged it."""
-        if values:
-            body = b"".join(values)
-            _retrying(partial(self._insert, body), self.table, len(values), self.retry_for)
-
-    def _insert(self, body: bytes) -> None:
-        if self._client is None:
-            self._client = herald_client(self.settings)
-        self._client.raw_insert(
-            self.table, insert_block=body, fmt="AvroConfluent", settings=self._options
-        )
-
-    def close(self) -> None:
-        if self._client is not None:
-            self._client.close()
-            self._client = None
-
-
-def _retrying(insert: Callable[[], None], table: str, rows: int, retry_for: float) -> None:
-    """Run `insert`, retrying transient transport failures with backoff for `retry_for` s."""
-    deadline = time.monotonic() + retry_for
-    delay = 0.1
-    while True:
-        try:
-            insert()
-            return
-        except OperationalError as exc:
-            if time.monotonic() + delay > deadline:
-                raise
-            log.warning("sink.clickhouse_retry table=%s rows=%d error=%s",
-                        table, rows, type(exc).__name__)  # fmt: skip
-            time.sleep(delay)
-            delay = min(delay * 2, 2.0)

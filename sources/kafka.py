@@ -50,7 +50,6 @@ __all__ = [
     "KafkaSource",
     "decode_avro",
     "kafka_avro_input",
-    "kafka_input",
 ]
 
 log = logging.getLogger(__name__)
@@ -281,21 +280,6 @@ def decode_avro(
     oks = cast(Stream[Decoded], split.trues)
     errs = cast(Stream[dict[str, Any]], split.falses)
     return DecodeOut(oks, errs)
-
-
-@operator
-def kafka_input(
-    step_id: str,
-    flow: Dataflow,
-    *,
-    settings: HeraldSettings,
-    topics: Sequence[str],
-    **source_options: Any,
-) -> Stream[KafkaMessage]:
-    """Consume logical `topics` (prefix applied) as raw `KafkaMessage`s, undecoded (the same
-    inner step as `kafka_avro_input`'s, so a job may switch between them and resume)."""
-    physical = [settings.kafka.topic(t) for t in topics]
-    return op.input("read", flow, KafkaSource(settings.kafka, physical, **source_options))
 
 
 @operator

@@ -165,7 +165,7 @@ class Template:
                         did = delivery_id_of(prefix, user + channel)
                         d = did.encode()
                     data = join((s0, event_id_of(d, x).encode(), s1, d, s2, u, s3))
-                append(new(KafkaRecord, (topic, did, data, None)))
+                append(new(KafkaRecord, (topic, did, data, None)))  # every field: no headers
         return out
 
 

@@ -9,13 +9,13 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 
 from herald.config import HeraldSettings
+from herald.kafka_records import Headers
 from herald.sealing import Sealer, is_sealed
 from schemas.registry import make_registry
 from schemas.serde import AvroDeserializer
 from sinks.kafka import topic_serializer
 
 Record = tuple[bytes | None, bytes | None]
-Headers = list[tuple[str, bytes]]
 
 
 def produce(

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from herald.catalog import DEFAULT_PATH
 from infra.process import pid_alive
 from infra.stack import read_state
 from infra.stackclient import StackClient
@@ -43,6 +44,13 @@ E2E_ENV = {
     "HERALD_DISPATCH_BREAKER": json.dumps({"min_volume": 100_000}),
     "HERALD_DISPATCH_RECONCILE_AFTER_S": "3",
 }
+# Where the API, the plan and digest jobs, and dispatch read the catalog: the stack's own
+# (write_catalog: the default types and the routes to the third SMS provider).
+CATALOG_SETTINGS = (
+    "HERALD_API_CATALOG_FILE",
+    "HERALD_PLANNING_CATALOG_PATH",
+    "HERALD_DISPATCH_CATALOG_PATH",
+)
 
 
 def herald_cli(
@@ -106,11 +114,21 @@ def kill_leftovers(pids: list[int], ports: list[int], run_dir: Path) -> None:
                 os.kill(pid, signal.SIGKILL)
 
 
+def write_catalog(run_dir: Path) -> Path:
+    """The stack's catalog: herald/catalog.toml and the types of catalog_extra.toml."""
+    path = run_dir / "catalog.toml"
+    extra = Path(__file__).with_name("catalog_extra.toml")
+    path.write_text(f"{DEFAULT_PATH.read_text()}\n{extra.read_text()}", encoding="utf-8")
+    return path
+
+
 def start_stack(run_dir: Path) -> None:
     """`herald up --detach`, once more on failure (a free port taken by another process
     between allocation and bind is the known way a start fails on a shared machine)."""
+    catalog = str(write_catalog(run_dir))
+    env = {**E2E_ENV, **dict.fromkeys(CATALOG_SETTINGS, catalog)}
     for attempt in (1, 2):
-        up = herald_cli("up", "--detach", run_dir=run_dir, env=E2E_ENV)
+        up = herald_cli("up", "--detach", run_dir=run_dir, env=env)
         if up.returncode == 0:
             return
         log = run_dir / "logs" / "supervisor.log"

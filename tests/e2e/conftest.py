@@ -18,6 +18,9 @@ observable within seconds instead of minutes; none changes what is being checked
 - circuit breakers need 100k calls in their window: injected error rates test retries and
   spread, not the breaker (tested in tests/sinks).
 
+Its catalog is herald/catalog.toml with two types added (`catalog_extra.toml`): routes from and
+to the third SMS provider, which no default type uses.
+
 `pool` hands out users onboarded once through the API (tests/e2e/_helpers.py `UserPool`).
 Modules run in name order; the load scenarios (test_acceptance_under_load.py) come late, so a
 flood still draining cannot delay another test's bulk send. Each scenario prints its figures

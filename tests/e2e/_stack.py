@@ -103,15 +103,19 @@ def _ours(pid: int, run_dir: Path, ports: list[int]) -> bool:
     return False
 
 
+def leftovers(pids: list[int], ports: list[int], run_dir: Path) -> list[int]:
+    """This stack's pids still alive (a pid that now belongs to another process is not)."""
+    return [pid for pid in pids if pid_alive(pid) and _ours(pid, run_dir, ports)]
+
+
 def kill_leftovers(pids: list[int], ports: list[int], run_dir: Path) -> None:
     """SIGKILL the process groups of this stack's pids still alive (each component leads its
     own group); a pid that now belongs to another process is left alone."""
-    for pid in pids:
-        if pid_alive(pid) and _ours(pid, run_dir, ports):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pid, signal.SIGKILL)
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
+    for pid in leftovers(pids, ports, run_dir):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def write_catalog(run_dir: Path) -> Path:

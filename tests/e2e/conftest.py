@@ -2,9 +2,9 @@
 
 `e2e` yields an `E2EStack`: the run directory and a `StackClient` (infra/stackclient.py) on
 the running stack. The stack is started as a user would (the CLI, in its own run directory,
-24 processes) and stopped with `herald down`; whatever is still alive afterwards (a process the
-supervisor restarted late, a failed start) is killed by pid from state.json, so nothing
-outlives the session even when a test or the start itself fails.
+24 processes) and stopped with `herald down`, which must leave no process and no listening port
+behind (checked at teardown); whatever is still alive afterwards is killed by pid from
+state.json all the same, so nothing outlives the session even when a test or the start fails.
 
 The stack gets a few knobs through the environment (`E2E_ENV`), each to make a scenario
 observable within seconds instead of minutes; none changes what is being checked:
@@ -37,10 +37,17 @@ from pathlib import Path
 
 import pytest
 
-from infra.process import pid_alive
+from infra.process import pid_alive, port_open
 from infra.stackclient import StackClient
 from tests.e2e._helpers import QuietSend, UserPool, send_into_quiet_hours
-from tests.e2e._stack import E2EStack, herald_cli, kill_leftovers, stack_pids, start_stack
+from tests.e2e._stack import (
+    E2EStack,
+    herald_cli,
+    kill_leftovers,
+    leftovers,
+    stack_pids,
+    start_stack,
+)
 
 POOL_SIZE = 160
 
@@ -75,8 +82,11 @@ def e2e() -> Iterator[E2EStack]:
         deadline = time.monotonic() + 10
         while any(pid_alive(p) for p in seen) and time.monotonic() < deadline:
             time.sleep(0.2)
+        left = leftovers(list(seen), list(ports), run_dir)
         kill_leftovers(list(seen), list(ports), run_dir)
         assert down.returncode == 0, down.stdout + down.stderr
+        assert not left, f"herald down left {len(left)} of the stack's processes running: {left}"
+        assert not any(port_open("127.0.0.1", port) for port in ports), "a port still listens"
         shutil.rmtree(run_dir, ignore_errors=True)
 
 

@@ -1,8 +1,13 @@
-"""Scale-out path: the full stack with every Bytewax job as a 2-process cluster (-i/-a)."""
+"""Scale-out path: the full stack with every Bytewax job as a 2-process cluster (-i/-a),
+started in the foreground as `make run` does and stopped with Ctrl-C (one stack for both: each
+whole stack costs the suite half a minute to start and stop)."""
 
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -12,7 +17,7 @@ import pytest
 from infra.process import pid_alive, port_open
 from infra.services import BYTEWAX_JOBS
 from infra.stack import read_state
-from tests.infra.test_stack import DEV_KEY, herald
+from tests.infra.test_stack import DEV_KEY, REPO, herald
 
 pytestmark = pytest.mark.integration  # `herald up --processes 2`
 
@@ -83,10 +88,35 @@ def cmdline(pid: int) -> list[str]:
     return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
 
 
+def start_foreground(run_dir: Path) -> tuple[subprocess.Popen[str], dict]:
+    """`herald up --processes 2` in the foreground, as `make run` starts it; the process and
+    the stack's state once it is ready."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "infra.cli", "up", "--processes", "2", "--run-dir", str(run_dir)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    deadline = time.monotonic() + 420
+    while time.monotonic() < deadline:
+        state = read_state(run_dir)
+        if state and state.get("ready"):
+            return proc, state
+        if proc.poll() is not None:
+            raise AssertionError(proc.stdout.read() if proc.stdout else "herald up exited")
+        time.sleep(0.2)
+    proc.kill()
+    raise AssertionError("herald up --processes 2 was not ready within 420 s")
+
+
 @pytest.mark.timeout(1200)
-def test_every_job_runs_as_two_processes_end_to_end(tmp_path: Path) -> None:
-    up = herald("up", "--detach", "--processes", "2", run_dir=tmp_path, timeout=420)
-    assert up.returncode == 0, up.stdout + up.stderr
+def test_every_job_runs_as_two_processes_end_to_end_and_ctrl_c_stops_everything(
+    tmp_path: Path,
+) -> None:
+    """`herald up --processes 2` in the foreground: every job a 2-process cluster, an OTP and
+    a campaign through them; then SIGINT, as Ctrl-C after `make run`, stops every process."""
+    proc, state = start_foreground(tmp_path)
     try:
         for _ in range(15):  # a loaded machine answers some health probes slowly
             status = herald("status", "--json", run_dir=tmp_path)
@@ -107,13 +137,15 @@ def test_every_job_runs_as_two_processes_end_to_end(tmp_path: Path) -> None:
         put_emails(api)
         otp_reaches_the_provider(api)
         campaign_reaches_every_user(api)
-        pids = [s["pid"] for s in services.values()]
-        ports = read_state(tmp_path)["ports"].values()  # type: ignore[index]
     finally:
-        down = herald("down", run_dir=tmp_path)
-    assert down.returncode == 0, down.stdout + down.stderr
+        pids = [c["pid"] for c in state["components"].values()]
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=180)
+    assert proc.returncode == 0, out
+    assert "stopped" in out
     assert not any(pid_alive(pid) for pid in pids)
-    assert not any(port_open("127.0.0.1", port) for port in ports)
+    assert not any(port_open("127.0.0.1", p) for p in state["ports"].values())
+    assert not (tmp_path / "state.json").exists()
 
 
 def test_deploy_manifests_are_current_and_partitions_cover_every_worker() -> None:

@@ -2,14 +2,13 @@
 
 `herald status`, a refused second `herald up` and a traced OTP through a detached stack are
 checked on the end-to-end tests' shared stack (tests/e2e/test_acceptance_cli.py); that
-`herald down` leaves nothing behind, on tests/infra/test_scaleout.py's."""
+`herald down` leaves nothing behind, on that stack too (tests/e2e/conftest.py); that Ctrl-C on
+a foreground `herald up` stops everything, on tests/infra/test_scaleout.py's stack."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -51,34 +50,3 @@ def test_second_start_is_refused_and_stop_leaves_nothing(tmp_path: Path) -> None
     assert not any(pid_alive(pid) for pid in pids if pid)
     assert not any(port_open(ctx.host, port) for port in ctx.ports.values())
     assert read_state(tmp_path) is None
-
-
-@pytest.mark.integration  # a whole `herald up` stack
-def test_foreground_up_stops_everything_on_ctrl_c(tmp_path: Path) -> None:
-    """What `make run` does: `herald up` in the foreground, then SIGINT."""
-    import signal
-
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "infra.cli", "up", "--run-dir", str(tmp_path)],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        state = read_state(tmp_path)
-        if state and state.get("ready"):
-            break
-        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
-        time.sleep(0.2)
-    state = read_state(tmp_path)
-    assert state and state["ready"]
-    pids = [c["pid"] for c in state["components"].values()]
-    proc.send_signal(signal.SIGINT)
-    out, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 0, out
-    assert "stopped" in out
-    assert not any(pid_alive(pid) for pid in pids)
-    assert not any(port_open("127.0.0.1", p) for p in state["ports"].values())
-    assert not os.path.exists(tmp_path / "state.json")

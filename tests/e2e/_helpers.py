@@ -21,6 +21,7 @@ from zoneinfo import ZoneInfo
 import httpx
 from confluent_kafka import Producer
 
+from dataflows.users import wait_copied
 from herald.config import HeraldSettings
 from infra.stackclient import StackClient
 from schemas.registry import make_registry
@@ -159,7 +160,10 @@ def ensure_push_audience(client: StackClient, probe: list[str], tag: str) -> Non
     """Wait until the bulk plan job has read the device records of `probe` users (produced
     last, after the audience): a probe campaign to them must reach FCM for every one. A user
     planned before its device was read is suppressed (no_contact_point), so try again, up to
-    the marketing cap of three a day."""
+    the marketing cap of three a day. First the barrier a bulk import has: the users job's
+    Redis copies hold every device produced so far (without it the first probe raced the
+    copy of a 20k audience, was suppressed, and this waited a minute before trying again)."""
+    wait_copied(client.settings(), timeout=300)
     insert_segment(client, f"probe-{tag}", probe)
     tokens = {f"tok-{u}" for u in probe}
     for attempt in range(3):

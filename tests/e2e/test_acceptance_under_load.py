@@ -112,9 +112,12 @@ def test_bulk_flood_does_not_slow_otps_and_provider_rate_holds(
     for name in ("fcm", "sms_a", "sms_b"):
         client.sim(name).reset()
 
+    began = time.monotonic()
     campaign, bulk_users = _start_campaign(client, tag)
+    posted = time.monotonic()
     flood_start = client.sim("fcm").stats(ids=False)["accepted"]
     _wait_flooding(client, at_least=flood_start + 300)
+    flooding = time.monotonic()
     tokens = {f"tok-{u}" for u in bulk_users}
 
     accepted_at: dict[str, float] = {}  # phone -> wall time the API answered 202
@@ -157,9 +160,15 @@ def test_bulk_flood_does_not_slow_otps_and_provider_rate_holds(
         f"busiest 1 s window {busiest} (budget {FCM_RATE:.0f}/s + burst)"
     )
     assert len(fcm_times) == len(bulk_users), "campaign not drained (or a user pushed twice)"
+    drained = time.monotonic()
     sending = _campaign_sending(client, campaign, len(bulk_users))
     granted = max_window_count(sending, 1.0)
     print(f"Herald's sends: {len(sending)}, busiest 1 s window {granted}")
+    print(
+        f"phases: audience loaded and known {posted - began:.1f}s, first 300 pushes "
+        f"{flooding - posted:.1f}s, OTPs and drain {drained - flooding:.1f}s, warehouse "
+        f"{time.monotonic() - drained:.1f}s"
+    )
     assert len(sending) >= len(bulk_users)
     assert granted <= FCM_RATE * (1.0 + BURST_S) + 1
     assert max_window_count(sending, 5.0) <= FCM_RATE * (5.0 + BURST_S) + 1

@@ -32,10 +32,12 @@ $(STAMP): pyproject.toml requirements.lock
 run: install
 	$(BIN)/herald up
 
-# two lanes, both always run: everything but the whole stacks on two pytest-xdist workers (by
-# module), then the whole-stack tests alone, one at a time (tests/conftest.py says why)
+# two lanes, both always run: everything but the whole stacks on four pytest-xdist workers (by
+# module, slowest modules first: they mostly wait on processes, so four keep two cores busier
+# than two), then the whole-stack tests alone, one at a time (tests/conftest.py says why)
 test: install
-	@$(BIN)/python -m pytest -m "not whole_stack" -n 2 --dist loadfile; parallel=$$?; \
+	@$(BIN)/python -m pytest -m "not whole_stack" -n 4 --dist loadfile --no-loadscope-reorder; \
+	parallel=$$?; \
 	$(BIN)/python -m pytest -m whole_stack -p no:xdist; whole=$$?; \
 	echo "make test: parallel lane exit $$parallel, whole-stack lane exit $$whole"; \
 	test $$parallel -eq 0 -a $$whole -eq 0

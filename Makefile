@@ -32,15 +32,26 @@ $(STAMP): pyproject.toml requirements.lock
 run: install
 	$(BIN)/herald up
 
-# two lanes, both always run: everything but the whole stacks on four pytest-xdist workers (by
-# module, slowest modules first: they mostly wait on processes, so four keep two cores busier
-# than two), then the whole-stack tests alone, one at a time (tests/conftest.py says why)
+# three lanes, all always run (tests/conftest.py marks them; README "Tests" has the figures):
+#  1. everything but the whole stacks, on four pytest-xdist workers (by module, slowest modules
+#     first: they mostly wait on processes, so four keep two cores busier than two);
+#  2. at the same time, the tests that start a whole stack of their own (fault injection, the
+#     demo, two processes per job), one at a time; they check outcomes, not latencies, so they
+#     may share the machine with lane 1; their output follows lane 1's;
+#  3. then the end-to-end package on its shared stack, alone: its latency and rate checks need
+#     the machine to themselves.
 test: install
-	@$(BIN)/python -m pytest -m "not whole_stack" -n 4 --dist loadfile --no-loadscope-reorder; \
+	@mkdir -p .herald; \
+	$(BIN)/python -m pytest -m whole_stack --ignore=tests/e2e -p no:xdist \
+		--basetemp=.herald/pytest-own-stacks >.herald/test-own-stacks.log 2>&1 & own=$$!; \
+	$(BIN)/python -m pytest -m "not whole_stack" -n 4 --dist loadfile --no-loadscope-reorder; \
 	parallel=$$?; \
-	$(BIN)/python -m pytest -m whole_stack -p no:xdist; whole=$$?; \
-	echo "make test: parallel lane exit $$parallel, whole-stack lane exit $$whole"; \
-	test $$parallel -eq 0 -a $$whole -eq 0
+	wait $$own; stacks=$$?; \
+	echo "== the whole-stack tests with stacks of their own (ran beside the lane above)"; \
+	cat .herald/test-own-stacks.log; \
+	$(BIN)/python -m pytest tests/e2e -p no:xdist; shared=$$?; \
+	echo "make test: lane exits: parallel $$parallel, own stacks $$stacks, shared stack $$shared"; \
+	test $$parallel -eq 0 -a $$stacks -eq 0 -a $$shared -eq 0
 
 # unit and single-process tests: no embedded services, no stack (tests/conftest.py marks the rest)
 test-fast: install

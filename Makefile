@@ -40,6 +40,7 @@ run: install
 #     may share the machine with lane 1; their output follows lane 1's;
 #  3. then the end-to-end package on its shared stack, alone: its latency and rate checks need
 #     the machine to themselves.
+# Ctrl-C stops every lane (tests/conftest.py `pytest_configure`; pytest's exit code 2 = stopped).
 test: install
 	@mkdir -p .herald; \
 	$(BIN)/python -m pytest -m whole_stack --ignore=tests/e2e -p no:xdist \
@@ -49,6 +50,7 @@ test: install
 	wait $$own; stacks=$$?; \
 	echo "== the whole-stack tests with stacks of their own (ran beside the lane above)"; \
 	cat .herald/test-own-stacks.log; \
+	if [ $$parallel -eq 2 ] || [ $$stacks -eq 2 ]; then echo "make test: a lane was stopped (Ctrl-C, or a collection error): the end-to-end lane is not run"; exit 2; fi; \
 	$(BIN)/python -m pytest tests/e2e -p no:xdist; shared=$$?; \
 	echo "make test: lane exits: parallel $$parallel, own stacks $$stacks, shared stack $$shared"; \
 	test $$parallel -eq 0 -a $$stacks -eq 0 -a $$shared -eq 0

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import signal
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -47,6 +48,14 @@ class RunningStack:
             ),
             run=RunSettings(run_dir=ctx.run_dir),
         )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Ctrl-C stops every lane of `make test`: the lane the Makefile starts in the background
+    inherits SIGINT ignored (a non-interactive shell's rule for background commands), so it
+    would run on, whole stacks included, after the others stopped. Python's own handler turns
+    SIGINT into KeyboardInterrupt again, and pytest then tears the stacks down."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")

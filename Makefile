@@ -50,7 +50,10 @@ test: install
 	wait $$own; stacks=$$?; \
 	echo "== the whole-stack tests with stacks of their own (ran beside the lane above)"; \
 	cat .herald/test-own-stacks.log; \
-	if [ $$parallel -eq 2 ] || [ $$stacks -eq 2 ]; then echo "make test: a lane was stopped (Ctrl-C, or a collection error): the end-to-end lane is not run"; exit 2; fi; \
+	if [ $$parallel -eq 2 ] || [ $$stacks -eq 2 ]; then \
+		echo "make test: a lane was stopped (Ctrl-C or a collection error): no end-to-end lane"; \
+		exit 2; \
+	fi; \
 	$(BIN)/python -m pytest tests/e2e -p no:xdist; shared=$$?; \
 	echo "make test: lane exits: parallel $$parallel, own stacks $$stacks, shared stack $$shared"; \
 	test $$parallel -eq 0 -a $$stacks -eq 0 -a $$shared -eq 0

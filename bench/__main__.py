@@ -8,8 +8,13 @@ structured result (bench/_report.py), draws its plots (bench/_plots.py) and writ
 bench/results/REPORT.md with the PNGs beside it. Each child's output is kept in
 bench/results/<scenario>.txt.
 
+Running some scenarios (`python -m bench fullstack transports`) updates their sections and
+keeps every other scenario's earlier figures in the report, each dated by its own run: a run
+leaves its record beside the report (`.NAME.json`, the result; `.NAME.run.json`, status, seconds
+and date) and the plots of the scenarios kept are drawn again from their results.
+
 `--quick` runs small volumes (a smoke run for tests, seconds per scenario, figures not
-meaningful); `--out DIR` writes elsewhere than bench/results.
+meaningful, nothing earlier kept); `--out DIR` writes elsewhere than bench/results.
 """
 
 from __future__ import annotations
@@ -70,6 +75,7 @@ def run_child(name: str, quick: bool, out: Path, timeout: float) -> dict[str, An
     result_path = out / f".{name}.json"
     result_path.unlink(missing_ok=True)
     argv = [sys.executable, "-m", "bench", "--one", name, "--result", str(result_path)]
+    run_at = datetime.now(UTC)
     started = time.monotonic()
     proc = subprocess.Popen(
         [*argv, *(["--quick"] if quick else [])],
@@ -95,14 +101,39 @@ def run_child(name: str, quick: bool, out: Path, timeout: float) -> dict[str, An
         code, output = 124, (output or "") + f"\n(timed out after {timeout:.0f}s)"
     seconds = time.monotonic() - started
     (out / f"{name}.txt").write_text(output)
-    run: dict[str, Any] = {"seconds": seconds, "result": None, "error": "", "pngs": []}
+    run: dict[str, Any] = {"seconds": seconds, "result": None, "error": "", "pngs": [],
+                           "run_at": f"{run_at:%Y-%m-%d %H:%M}"}  # fmt: skip
     if code == 0 and result_path.exists():
         run["result"] = json.loads(result_path.read_text())
         run["status"] = "ok"  # the raw result stays beside the report (.NAME.json)
     else:
+        result_path.unlink(missing_ok=True)  # a failed run keeps no result of an earlier one
         run["status"] = f"failed (exit {code})"
         run["error"] = output[-3000:]
+    record = {k: run[k] for k in ("status", "seconds", "run_at", "error")}
+    (out / f".{name}.run.json").write_text(json.dumps(record))
     return run
+
+
+def earlier_runs(out: Path, skip: list[str]) -> dict[str, dict[str, Any]]:
+    """The run records left in `out` by earlier runs of the scenarios not in `skip`, with their
+    results and their plots drawn again (a record without its result keeps its status)."""
+    kept: dict[str, dict[str, Any]] = {}
+    for name in SCENARIOS:
+        record_path = out / f".{name}.run.json"
+        if name in skip or not record_path.exists():
+            continue
+        try:
+            run = {**json.loads(record_path.read_text()), "result": None, "pngs": []}
+            result_path = out / f".{name}.json"
+            if run["status"] == "ok" and result_path.exists():
+                run["result"] = json.loads(result_path.read_text())
+        except (OSError, ValueError, KeyError) as exc:
+            print(f"   {name}: earlier record unreadable ({exc!r}); left out", flush=True)
+            continue
+        draw(name, run, out)
+        kept[name] = run
+    return kept
 
 
 def draw(name: str, run: dict[str, Any], out: Path) -> None:
@@ -117,6 +148,8 @@ def draw(name: str, run: dict[str, Any], out: Path) -> None:
 
 
 def _write(out: Path, runs: dict[str, dict[str, Any]], quick: bool, started: datetime) -> None:
+    order = [*SCENARIOS, *(n for n in runs if n not in SCENARIOS)]
+    runs = {name: runs[name] for name in order if name in runs}
     text = render(runs, quick=quick, started=started, cores=os.cpu_count())
     (out / "REPORT.md").write_text(text)
 
@@ -143,19 +176,22 @@ def main(argv: list[str] | None = None) -> int:
     for old in out.glob("*.png"):
         old.unlink()
     started = datetime.now(UTC)
-    runs: dict[str, dict[str, Any]] = {}
+    selected = args.scenarios or list(SCENARIOS)
+    kept = {} if args.quick else earlier_runs(out, selected)
+    runs: dict[str, dict[str, Any]] = dict(kept)
     # SIGTERM (e.g. `kill PID` of a run that must end): the running child is stopped by its own
     # SIGTERM handling (run_child), the rest is reported "not run"
     signal.signal(signal.SIGTERM, _interrupt)
     try:
         _run_all(args, out, runs, started)
     except KeyboardInterrupt:
-        for name in args.scenarios or list(SCENARIOS):
+        for name in selected:
             runs.setdefault(name, {"status": "not run (the run was interrupted)", "seconds": 0,
                                    "result": None, "error": "", "pngs": []})  # fmt: skip
     _write(out, runs, args.quick, started)
     print(f"report: {out / 'REPORT.md'}")
-    return 0 if all(r["status"] == "ok" or "not run" in r["status"] for r in runs.values()) else 1
+    mine = [runs[name] for name in selected if name in runs]
+    return 0 if all(r["status"] == "ok" or "not run" in r["status"] for r in mine) else 1
 
 
 def _interrupt(*_: object) -> None:

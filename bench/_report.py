@@ -152,7 +152,9 @@ def render(
     """The whole REPORT.md from every scenario's run record.
 
     A run record is {"status": "ok" | "failed" | "not run", "seconds": float, "result": Result
-    or None, "error": str, "pngs": [file names]}.
+    or None, "error": str, "pngs": [file names], "run_at": "YYYY-MM-DD HH:MM" (UTC) when the
+    scenario ran}. A scenario run earlier than this run (bench/__main__.py keeps them) is
+    dated in the table and its section.
     """
     lines = [
         "# Herald benchmark report",
@@ -160,21 +162,26 @@ def render(
         f"Run {started:%Y-%m-%d %H:%M} UTC → {datetime.now(UTC):%H:%M} UTC on this machine "
         f"({cores or '?'} cores{', **quick volumes**' if quick else ''}). The machine is shared "
         "with other work, so absolute figures move with its load; each figure stands beside a raw "
-        "baseline measured in the same run, and the ratio is what compares across runs.",
+        "baseline measured in the same run, and the ratio is what compares across runs. A "
+        "scenario not run this time keeps the figures of its last run, dated in the table.",
         "",
         "Reproduce: `make bench` (all scenarios), `.venv/bin/python -m bench SCENARIO ...`, "
         "or one scenario alone: `.venv/bin/python -m bench.SCENARIO`.",
         "",
-        "| scenario | status | seconds |",
-        "|---|---|---|",
+        "| scenario | status | ran (UTC) | seconds |",
+        "|---|---|---|---|",
     ]
     for name, run in runs.items():
-        lines.append(f"| [{name}](#{name}) | {run['status']} | {run.get('seconds', 0):.0f} |")
+        lines.append(
+            f"| [{name}](#{name}) | {run['status']} | {run.get('run_at') or '—'} "
+            f"| {run.get('seconds', 0):.0f} |"
+        )
     lines.append("")
     for name, run in runs.items():
         res = run.get("result")
         title = res["title"] if res else name
-        lines += [f"## {name}", "", f"**{title}** — {run['status']}", ""]
+        ran = f" (ran {run['run_at']} UTC)" if run.get("run_at") else ""
+        lines += [f"## {name}", "", f"**{title}** — {run['status']}{ran}", ""]
         if res:
             lines += _table(res["figures"])
             lines.append("")

@@ -56,6 +56,45 @@ def test_absent_optional_scenario_is_reported_not_run(
     assert "| [recovery](#recovery) | not run (bench.no_such_module is not present) |" in report
 
 
+def test_a_partial_run_keeps_the_other_scenarios_earlier_figures_dated(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`python -m bench recovery` into a report directory that holds an earlier `plan` (ok, with
+    a plot) and `digest` (failed): both stay in the report with their dates, the plan's plot is
+    drawn again from its result, and the scenario run this time carries this run's date."""
+    import json
+
+    plot = {"kind": "lines", "name": "rate", "title": "t", "xlabel": "s", "ylabel": "rec/s",
+            "data": {"plan": [[0, 1, 2], [5, 6, 7]]}}  # fmt: skip
+    res = result(
+        "Plan earlier",
+        [figure("rate", 50.0, "rec/s", baseline=200.0, baseline_name="raw")],
+        plots=[plot],
+    )
+    (tmp_path / ".plan.json").write_text(json.dumps(res))
+    (tmp_path / ".plan.run.json").write_text(
+        json.dumps({"status": "ok", "seconds": 94.0, "run_at": "2026-11-30 20:12", "error": ""})
+    )
+    (tmp_path / ".digest.run.json").write_text(json.dumps(
+        {"status": "failed (exit 1)", "seconds": 3.0, "run_at": "2026-11-30 20:14", "error": "boom"}
+    ))  # fmt: skip
+    monkeypatch.setitem(runner.OPTIONAL, "recovery", "bench.no_such_module")
+    assert runner.main(["recovery", "--out", str(tmp_path)]) == 0  # the earlier failure is not
+    report = (tmp_path / "REPORT.md").read_text()
+    assert "| [plan](#plan) | ok | 2026-11-30 20:12 | 94 |" in report
+    assert "**Plan earlier** — ok (ran 2026-11-30 20:12 UTC)" in report
+    assert "| rate | 50.0 rec/s | 200 rec/s (raw) |" in report
+    assert "| [digest](#digest) | failed (exit 1) | 2026-11-30 20:14 | 3 |" in report
+    assert "boom" in report
+    assert "| [recovery](#recovery) | not run (bench.no_such_module is not present) |" in report
+    assert report.index("## plan") < report.index("## digest") < report.index("## recovery")
+    png = tmp_path / "plan_rate.png"
+    assert png.read_bytes()[:8] == PNG_MAGIC and "![plan_rate.png](plan_rate.png)" in report
+
+    runner.main(["recovery", "--quick", "--out", str(tmp_path)])  # a smoke run keeps nothing
+    assert "## plan" not in (tmp_path / "REPORT.md").read_text()
+
+
 def test_render_puts_each_figure_beside_its_baseline_and_ratio() -> None:
     res = result(
         "t",

@@ -88,23 +88,23 @@ def cmdline(pid: int) -> list[str]:
     return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
 
 
-def start_foreground(run_dir: Path) -> tuple[subprocess.Popen[str], dict]:
-    """`herald up --processes 2` in the foreground, as `make run` starts it; the process and
-    the stack's state once it is ready."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "infra.cli", "up", "--processes", "2", "--run-dir", str(run_dir)],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+def start_foreground(run_dir: Path, log: Path) -> tuple[subprocess.Popen[bytes], dict]:
+    """`herald up --processes 2` in the foreground, as `make run` starts it, its console into
+    `log` (a pipe nobody reads would fill and stall the supervisor); the process and the
+    stack's state once it is ready."""
+    with log.open("wb") as console:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "infra.cli", "up", "--processes", "2", "--run-dir",
+             str(run_dir)],
+            cwd=REPO, stdout=console, stderr=subprocess.STDOUT,
+        )  # fmt: skip
     deadline = time.monotonic() + 420
     while time.monotonic() < deadline:
         state = read_state(run_dir)
         if state and state.get("ready"):
             return proc, state
         if proc.poll() is not None:
-            raise AssertionError(proc.stdout.read() if proc.stdout else "herald up exited")
+            raise AssertionError(log.read_text(errors="replace")[-5000:])
         time.sleep(0.2)
     proc.kill()
     raise AssertionError("herald up --processes 2 was not ready within 420 s")
@@ -116,7 +116,10 @@ def test_every_job_runs_as_two_processes_end_to_end_and_ctrl_c_stops_everything(
 ) -> None:
     """`herald up --processes 2` in the foreground: every job a 2-process cluster, an OTP and
     a campaign through them; then SIGINT, as Ctrl-C after `make run`, stops every process."""
-    proc, state = start_foreground(tmp_path)
+    log = tmp_path.parent / f"{tmp_path.name}-up.log"
+    began = time.monotonic()
+    proc, state = start_foreground(tmp_path, log)
+    ready = time.monotonic()
     try:
         for _ in range(15):  # a loaded machine answers some health probes slowly
             status = herald("status", "--json", run_dir=tmp_path)
@@ -136,12 +139,19 @@ def test_every_job_runs_as_two_processes_end_to_end_and_ctrl_c_stops_everything(
         api = doc["api_url"]
         put_emails(api)
         otp_reaches_the_provider(api)
+        otp = time.monotonic()
         campaign_reaches_every_user(api)
     finally:
+        sent = time.monotonic()
         pids = [c["pid"] for c in state["components"].values()]
         proc.send_signal(signal.SIGINT)
-        out, _ = proc.communicate(timeout=180)
-    assert proc.returncode == 0, out
+        proc.wait(timeout=180)
+    print(
+        f"\nscale-out: ready {ready - began:.1f}s, OTP {otp - ready:.1f}s, campaign "
+        f"{sent - otp:.1f}s, Ctrl-C to stopped {time.monotonic() - sent:.1f}s"
+    )
+    out = log.read_text(errors="replace")
+    assert proc.returncode == 0, out[-5000:]
     assert "stopped" in out
     assert not any(pid_alive(pid) for pid in pids)
     assert not any(port_open("127.0.0.1", p) for p in state["ports"].values())

@@ -11,6 +11,7 @@ wrote in this run directory (trusted).
 
     committed_offsets(recovery_root) -> {job: {(topic, partition): next offset}}
     consumer_lag(kafka, offsets)     -> [Lag(job, topic, partition, offset, end, lag)]
+    topic_ends(kafka, topics)        -> {(topic, partition): end}
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from confluent_kafka import Consumer
 from herald.config import KafkaSettings
 from sources.kafka import partition_ends
 
-__all__ = ["Lag", "committed_offsets", "consumer_lag"]
+__all__ = ["Lag", "committed_offsets", "consumer_lag", "topic_ends"]
 
 log = logging.getLogger(__name__)
 
@@ -78,12 +79,11 @@ def committed_offsets(recovery_root: Path) -> dict[str, dict[tuple[str, int], in
     return out
 
 
-def consumer_lag(kafka: KafkaSettings, offsets: dict[str, dict[tuple[str, int], int]]) -> list[Lag]:
-    """Lag per job and partition (the partition's end minus the committed next offset); a
-    partition whose end could not be read is left out."""
-    pairs = {tp for job in offsets.values() for tp in job}
-    if not pairs:
-        return []
+def topic_ends(
+    kafka: KafkaSettings, topics: list[str], partitions: set[tuple[str, int]] | None = None
+) -> dict[tuple[str, int], int]:
+    """The end of each partition of `topics` (of those in `partitions` when given); a partition
+    whose end could not be read is left out."""
     consumer = Consumer(
         {
             **kafka.client_config(),
@@ -94,11 +94,26 @@ def consumer_lag(kafka: KafkaSettings, offsets: dict[str, dict[tuple[str, int], 
     )
     ends: dict[tuple[str, int], int] = {}
     try:
-        for topic in sorted({t for t, _ in pairs}):
-            found = partition_ends(consumer, topic, sorted(p for t, p in pairs if t == topic), 5)
+        for topic in sorted(set(topics)):
+            if partitions is None:
+                meta = consumer.list_topics(topic, timeout=5).topics[topic]
+                wanted = sorted(meta.partitions)
+            else:
+                wanted = sorted(p for t, p in partitions if t == topic)
+            found = partition_ends(consumer, topic, wanted, 5)
             ends.update({(topic, p): end for p, end in found.items()})
     finally:
         consumer.close()
+    return ends
+
+
+def consumer_lag(kafka: KafkaSettings, offsets: dict[str, dict[tuple[str, int], int]]) -> list[Lag]:
+    """Lag per job and partition (the partition's end minus the committed next offset); a
+    partition whose end could not be read is left out."""
+    pairs = {tp for job in offsets.values() for tp in job}
+    if not pairs:
+        return []
+    ends = topic_ends(kafka, [t for t, _ in pairs], pairs)
     pairs = {tp for tp in pairs if tp in ends}
     return [
         Lag(job, topic, partition, offset, ends[(topic, partition)],

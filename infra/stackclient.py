@@ -258,6 +258,37 @@ class StackClient:
                 )
             time.sleep(poll)
 
+    def wait_consumed(self, job: str, topics: list[str], timeout: float = 60.0) -> None:
+        """Wait until `job` has committed every record now in `topics` (logical names): the
+        barrier for "what was written so far went through this job".
+
+        The job's position is its last recovery snapshot (dashboards/lag.py), so the wait
+        lasts at least until its next epoch ends (`-s`, 5 s by default). Raises TimeoutError
+        with the partitions still behind.
+        """
+        from dashboards.lag import committed_offsets, topic_ends
+
+        if self.state is None:
+            raise InfraError("this client was not made from a run directory")
+        root = Path(self.state["run_dir"]) / "recovery"
+        kafka = self.settings().kafka
+        # the ends now are the target (a partition never read has no position: 0); records
+        # written later do not extend the wait
+        target = {
+            tp: end
+            for tp, end in topic_ends(kafka, [kafka.topic(t) for t in topics]).items()
+            if end > 0
+        }
+        deadline = time.monotonic() + timeout
+        while True:
+            now = committed_offsets(root).get(job, {})
+            behind = {tp: (now.get(tp), end) for tp, end in target.items() if now.get(tp, -1) < end}
+            if not behind:
+                return
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"{job} not past {behind} ((position, end)) after {timeout}s")
+            time.sleep(0.5)
+
     # -- simulators, ClickHouse, processes -------------------------------------------------
 
     def sim(self, name: str) -> SimulatorAdmin:

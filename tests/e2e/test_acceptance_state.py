@@ -45,7 +45,9 @@ def test_duplicated_queue_messages_reuse_the_delivery_id(e2e: E2EStack, pool: Us
             "replay", "--topic", topic, "--from", since.isoformat(), "--to", until.isoformat()
         )
         assert replay.returncode == 0, replay.stdout + replay.stderr
-    time.sleep(10)  # both copies through plan and dispatch (an OTP takes ~1 s)
+    # both copies through plan, then whatever plan wrote through dispatch
+    client.wait_consumed("plan_transactional", ["herald.requests.transactional"])
+    client.wait_consumed("dispatch_transactional", ["herald.deliveries.sms.transactional"])
 
     status = client.status(nid)
     assert [d["delivery_id"] for d in status["deliveries"]] == [first["delivery_id"]]
@@ -95,7 +97,7 @@ def test_out_of_order_and_duplicated_receipts_never_regress(e2e: E2EStack, pool:
                 seen.append(client.status(nid)["deliveries"][0]["state"])
                 time.sleep(0.25)
         client.wait_for(nid, "sms", {"DELIVERED"}, timeout=30)
-        time.sleep(3)
+        client.wait_consumed("receipts", ["herald.receipts.raw"])  # every receipt folded
         seen.append(client.status(nid)["deliveries"][0]["state"])
     finally:
         sim.reset(config=True)

@@ -2,10 +2,11 @@
 
 Herald's Kafka source joins no consumer group and commits nothing to Kafka: a job's position
 is the snapshot of its input partitions in its Bytewax recovery store
-(`<run_dir>/recovery/<job>/part-*.sqlite3`, table `snaps`, state of the input step
-`<flow>.<step>.read`, keyed `<partition>-<topic>`, value = next offset to read). Lag is the
-partition's end (`sources.kafka.partition_ends`: Tansu's high watermark is the last batch's
-base offset + 1) minus that offset, as of the job's last committed epoch (`-s` snapshot
+(`<run_dir>/recovery/<job>/part-*.sqlite3`, table `snaps`, state of the input step: `read`
+in `sources.kafka`, `<name>_in` where a job has its own source, such as plan's `requests_in`;
+keyed `<partition>-<topic>`, value = next offset to read, or a tuple that starts with it).
+Lag is the partition's end (`sources.kafka.partition_ends`: Tansu's high watermark is the last
+batch's base offset + 1) minus that offset, as of the job's last committed epoch (`-s` snapshot
 interval). Reading the stores is read-only SQLite; the values are pickles Bytewax
 wrote in this run directory (trusted).
 
@@ -31,10 +32,11 @@ __all__ = ["Lag", "committed_offsets", "consumer_lag", "topic_ends"]
 
 log = logging.getLogger(__name__)
 
-_LATEST = """
+_LATEST = r"""
 SELECT s.step_id, s.state_key, s.ser_change FROM snaps AS s
 JOIN (SELECT step_id, state_key, max(snap_epoch) AS epoch FROM snaps
-      WHERE step_id LIKE '%.read' GROUP BY step_id, state_key) AS m
+      WHERE step_id LIKE '%.read' OR step_id LIKE '%\_in' ESCAPE '\'
+      GROUP BY step_id, state_key) AS m
   ON s.step_id = m.step_id AND s.state_key = m.state_key AND s.snap_epoch = m.epoch
 """
 

@@ -32,15 +32,14 @@ $(STAMP): pyproject.toml requirements.lock
 run: install
 	$(BIN)/herald up
 
-# three lanes, all always run (tests/conftest.py marks them; README "Tests" has the figures):
+# three lanes at the same time (tests/conftest.py marks them; README "Tests" has the figures):
 #  1. everything but the whole stacks, on four pytest-xdist workers (by module, slowest modules
 #     first: they mostly wait on processes, so four keep two cores busier than two);
-#  2. at the same time, the tests that start a whole stack of their own (fault injection, the
-#     demo, two processes per job), one at a time; they check outcomes, not latencies, so they
-#     may share the machine with lane 1; their output follows lane 1's;
-#  3. then the end-to-end package on its shared stack, alone: its latency and rate checks need
-#     the machine to themselves.
-# Ctrl-C stops every lane (tests/conftest.py `pytest_configure`; pytest's exit code 2 = stopped).
+#  2. the tests that start a whole stack of their own (fault injection, the demo, two processes
+#     per job), one at a time, output in .herald/test-own-stacks.log;
+#  3. the end-to-end package on its shared stack, output in .herald/test-e2e.log.
+# Lanes 2 and 3 are printed after lane 1. Ctrl-C stops every lane (tests/conftest.py
+# `pytest_configure`: a background job starts with SIGINT ignored).
 test: install
 	@mkdir -p .herald; \
 	$(BIN)/python -m pytest -m whole_stack --ignore=tests/e2e -p no:xdist \

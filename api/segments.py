@@ -23,7 +23,7 @@ Lifecycle of an id (a registry row per change, the highest version wins):
 Creating takes the Redis lock `keys.segment_lock(segment_id)` (409 `segment_in_progress` while
 another create holds it), kept alive while the fill runs. A snapshot is immutable: a ready id
 is 409 `segment_exists` until deleted; an id with members but no registry row (written by
-dataflows/_audience.load_segment) is 409 too, and stays targetable by every tenant.
+dataflows/plan/audience.load_segment) is 409 too, and stays targetable by every tenant.
 """
 
 from __future__ import annotations

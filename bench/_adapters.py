@@ -133,8 +133,8 @@ def plan(quick: bool = False) -> dict[str, Any]:
         ]  # fmt: skip
         notes.append(
             "Users of a class (same preferences and kinds of contact points, "
-            "dataflows/_planned_alike.py) get their records from a template; the campaign's users "
-            "fall into 32 classes. Run again with every user in a class of their own (a "
+            "dataflows/plan/planned_alike.py) get their records from a template; the campaign's "
+            "users fall into 32 classes. Run again with every user in a class of their own (a "
             "one-minute quiet-hours window each): every user planned in full."
         )
         figs += [

@@ -79,8 +79,8 @@ def users_table(
 ) -> Iterator[tuple[bytes, bytes]]:
     """Preferences or contact points of every user (10 % opted out of marketing). `diverse`:
     each user also has a one-minute quiet-hours window of their own (1,440 distinct), so users
-    of a 1,000-user request hardly ever share a class (dataflows/_planned_alike.py) and are planned
-    in full."""
+    of a 1,000-user request hardly ever share a class (dataflows/plan/planned_alike.py) and are
+    planned in full."""
     encode = _encoder(settings, topic)
     rng = random.Random(7)
     now = datetime.now(UTC)
@@ -125,7 +125,7 @@ def campaign(settings: HeraldSettings, users: int) -> Iterator[tuple[bytes, byte
 
 
 class _NoopPlanner:
-    """Stands in for `dataflows._planner.Planner`: per user, the records the campaign gives it
+    """Stands in for `dataflows.plan.planner.Planner`: per user, the records the campaign gives it
     (2 SUPPRESSED events when opted out of marketing, else 2 Deliveries and 2 PLANNED events),
     as copies of real records read back from the campaign run (`samples`, by physical topic)."""
 

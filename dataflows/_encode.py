@@ -153,7 +153,7 @@ class Encoder:
         encoded constant fields, the varying fields and their writers); None for an item
         without a shape, of a schema that does not splice, or whose shape fell back to the
         serializer (or failed to encode). Used to build records without `Output`s
-        (dataflows/_planned_alike.py)."""
+        (dataflows/plan/planned_alike.py)."""
         if item.shape is None or self._secret(item):
             return None
         found = self._serializers.get(item.topic) or self._serializer(item.topic)

@@ -62,7 +62,7 @@ class CountOutputs:
         self, states: Counter[str], suppressed: Counter[str], letters: Counter[str] | None = None
     ) -> None:
         """Count events by state, SUPPRESSED events by reason and dead letters by reason
-        (for a step that emits encoded events: dataflows/_planner.py)."""
+        (for a step that emits encoded events: dataflows/plan/planner.py)."""
         for state, n in states.items():
             self.metrics.event(state, n)
         for reason, n in suppressed.items():

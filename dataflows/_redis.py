@@ -118,7 +118,7 @@ class RequestGate:
 class CapCharge(NamedTuple):
     """Charge counter `key` once per `marker` (one per user x bucket x notification), up to
     `daily_limit`; both keys expire after `ttl_seconds`. A NamedTuple made by `of` (or, for
-    users planned alike, from a template's key parts: dataflows/_planned_alike.py)."""
+    users planned alike, from a template's key parts: dataflows/plan/planned_alike.py)."""
 
     key: str
     marker: str

@@ -19,7 +19,7 @@ every 100 of those. Cycles are still collected, only later; the collector's shar
 of the CPU on the same run.
 
 GIL switch interval: a job's worker thread runs Python almost without pause, and its helper
-threads (the plan job's Redis calls, dataflows/_planner.py) need the GIL to pack a request or
+threads (the plan job's Redis calls, dataflows/plan/planner.py) need the GIL to pack a request or
 parse an answer. With CPython's default 5 ms interval a helper waited up to 5 ms for each of
 those steps, and the worker then waited for the helper: 0.54 s of a 100k-user campaign's ~3.8 s.
 At 1 ms that wait fell to 0.09 s; the worker pays a few more switches.

@@ -170,7 +170,7 @@ class SmsLimits(BaseSettings):
     outside the embedded stack, api/settings.py). The API charges the requests it accepts (429
     `otp_rate_limited`, 422 `sms_prefix_not_allowed`); the plan job charges the OTPs that other
     producers put on the request topics (a dead letter with the same reason,
-    dataflows/_otp_guard.py). Read from the API's variables (HERALD_API_OTP_PER_PHONE,
+    dataflows/plan/otp_guard.py). Read from the API's variables (HERALD_API_OTP_PER_PHONE,
     HERALD_API_SMS_ALLOWED_PREFIXES) by every process."""
 
     model_config = SettingsConfigDict(env_prefix="HERALD_API_")

@@ -260,7 +260,7 @@ class Renderer:
 
 def _trace(request: PlanRequest) -> str | None:
     """The request's traceparent; None for a request restored from a plan job snapshot taken
-    before requests had one (a pending segment expansion, dataflows/_requests.py)."""
+    before requests had one (a pending segment expansion, dataflows/plan/request_source.py)."""
     return getattr(request, "traceparent", None)
 
 

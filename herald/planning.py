@@ -1,6 +1,6 @@
 """Planning inputs: admitted requests and audience batches. Pure, no I/O, no clock.
 
-The plan job (dataflows/plan.py) moves these objects between its steps:
+The plan job (dataflows/plan/flow.py) moves these objects between its steps:
 
     NotificationRequest record --admit_request--> PlanRequest     (validated once per request)
     PlanRequest + up to 1,000 users -----------> AudienceBatch    (one fan-out unit)

@@ -6,7 +6,7 @@ many ids prepared once.
 discriminator: the plan job's events), bit for bit; tests/herald/test_planning_ids.py holds
 them to it. Both are one SHA-1 of a namespace and length-prefixed parts (`herald.ids._name`);
 the functions below take those parts already made, so a caller that makes many ids of one
-notification, user or state prepares each part once (dataflows/_planned_alike.py):
+notification, user or state prepares each part once (dataflows/plan/planned_alike.py):
 
     delivery_id_of(delivery_prefix(nid), part(user) + part(channel) [+ part(device)])
     event_id_of(delivery_id.encode(), event_tail(state))   (delivery ids are 36 characters)

@@ -81,7 +81,7 @@ MAX_INTERNED = 1_000_000
 def interned(key: tuple[Any, ...]) -> tuple[Any, ...]:
     """One object per distinct policy key (the first `MAX_INTERNED` keys), so that the keys of
     millions of users are a few shared objects: they compare by identity and stay in the CPU
-    cache (dataflows/_planned_alike.py looks one up per planned user)."""
+    cache (dataflows/plan/planned_alike.py looks one up per planned user)."""
     found = _INTERNED.get(key)
     if found is not None:
         return found
@@ -112,7 +112,8 @@ class Preferences:
     locale: str | None = None
     version: int = 0
     # Every field `decide` and the plan job read (all but user_id and version): users with the
-    # same key are planned alike (dataflows/_planned_alike.py). Made once per preferences record.
+    # same key are planned alike (dataflows/plan/planned_alike.py). Made once per preferences
+    # record.
     policy_key: tuple[Any, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -193,7 +194,7 @@ class ContactPoints:
     version: int = 0
     disabled: frozenset[str] = frozenset()  # "phone"/"email" a provider reported dead
     # What `decide` reads besides the endpoints' values and device ids: users with the same key
-    # get the same decisions for other addresses (dataflows/_planned_alike.py).
+    # get the same decisions for other addresses (dataflows/plan/planned_alike.py).
     policy_key: tuple[Any, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

@@ -14,7 +14,7 @@ import pytest
 from clickhouse_connect.driver.client import Client
 
 from api.app import create_app
-from dataflows._audience import load_segment
+from dataflows.plan.audience import load_segment
 from herald.clickhouse import herald_client
 from herald.config import HeraldSettings
 from tests.api.conftest import (

@@ -6,7 +6,7 @@ import pickle
 from datetime import UTC, datetime, timedelta
 
 from dataflows._settings import Clock
-from dataflows.plan import CHUNK_USERS, _chunks
+from dataflows.plan.flow import CHUNK_USERS, _chunks
 from dataflows.schedule import BucketLogic
 from dataflows.users import ChangelogDecoder
 from herald.catalog import load_catalog

@@ -187,7 +187,7 @@ def counted() -> Counter[str]:
 
 def test_frequency_cap_and_duplicate_requests(settings: HeraldSettings) -> None:
     """Marketing 3/day: the 4th is suppressed; a second copy of a request is dropped. Users
-    planned alike (the same class: dataflows/_planned_alike.py) are refused one by one."""
+    planned alike (the same class: dataflows/plan/planned_alike.py) are refused one by one."""
     p = settings.kafka.topic_prefix
     users = [f"{p}capped{i}" for i in range(6)]
     send(settings, "herald.devices", [contacts(u) for u in users], "user_id")

@@ -15,7 +15,7 @@ import pytest
 import redis
 from bytewax.recovery import init_db_dir
 
-from dataflows._audience import load_segment
+from dataflows.plan.audience import load_segment
 from herald import ids
 from herald.config import HeraldSettings
 from herald.status_keys import header_key, request_header

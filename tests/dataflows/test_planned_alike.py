@@ -1,4 +1,5 @@
-"""dataflows._planned_alike: a template's records are byte for byte those of the full planning path.
+"""dataflows.plan.planned_alike: a template's records are byte for byte those of the full
+planning path.
 
 Varied users (opt-outs, quiet hours in several zones, locales, 0-2 devices some invalid, email
 and phone verified or not, disabled addresses) against varied requests (capped campaign, send at
@@ -16,8 +17,8 @@ from typing import Any
 import pytest
 
 from dataflows._encode import Encoder
-from dataflows._planned_alike import MIN_CLASS_USERS, Classes, Template, endpoints
 from dataflows._redis import CapCharge
+from dataflows.plan.planned_alike import MIN_CLASS_USERS, Classes, Template, endpoints
 from herald.caps import CapBucket
 from herald.catalog import load_catalog
 from herald.config import HeraldSettings, RegistrySettings

@@ -416,8 +416,8 @@ def test_one_decision_per_channel_and_bypass_invariants(
 
 
 def test_policy_keys_are_shared_by_users_planned_alike_and_survive_pickling() -> None:
-    """What dataflows/_planned_alike.py relies on: equal keys are one object, also after a record
-    crossed processes (pickled by the dataflow), and keys differ where `decide` could."""
+    """What dataflows/plan/planned_alike.py relies on: equal keys are one object, also after a
+    record crossed processes (pickled by the dataflow), and keys differ where `decide` could."""
     a = Preferences("a", timezone="Asia/Kolkata", category_opt_out=frozenset({"marketing"}))
     b = Preferences("b", timezone="Asia/Kolkata", category_opt_out=frozenset({"marketing"}))
     assert a.policy_key is b.policy_key

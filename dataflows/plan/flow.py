@@ -8,7 +8,7 @@
            quiet hours, caps, expiry, rendering, fallback (herald.policy via
            herald.plan_records); users planned alike (same preferences and kinds of contact
            points) get their records from a template made from one of them
-           (dataflows/_planned_alike.py)
+           (dataflows/plan/planned_alike.py)
         -> Delivery on herald.deliveries.{channel}.{class} (PLANNED), or on herald.scheduled
            with not_before (SCHEDULED), or nothing (SUPPRESSED / EXPIRED with the reason);
            every decision is a delivery_event on herald.delivery-events
@@ -25,7 +25,8 @@ Run one process per class, so a bulk backlog never delays transactional planning
 
 Where state lives and why it is safe to replay (every output is at-least-once):
 - request offsets and segment expansions (batch number + keyset cursor): source snapshots
-  (dataflows/_requests.py); audiences: ClickHouse `segment_members` (dataflows/_audience.py);
+  (dataflows/plan/request_source.py); audiences: ClickHouse `segment_members`
+  (dataflows/plan/audience.py);
 - users' state: the Redis copies, kept equal to the compacted herald.preferences /
   herald.devices changelogs by the users job (dataflows/users.py) and written by the API before
   it answers. The job holds no user table: a (re)started process plans at once whatever the
@@ -50,14 +51,14 @@ import bytewax.operators as op
 from bytewax.dataflow import Dataflow, Stream
 from bytewax.operators import BranchOut
 
-from dataflows._audience import ClickHouseAudience
 from dataflows._common import produce_with_dead_letters
 from dataflows._encode import Encoder
 from dataflows._metrics import CountOutputs
-from dataflows._planner import Admission, Planner
 from dataflows._redis import redis_client
-from dataflows._requests import RequestSource
 from dataflows._settings import Clock, PlanningSettings, entry_settings
+from dataflows.plan.audience import ClickHouseAudience
+from dataflows.plan.planner import Admission, Planner
+from dataflows.plan.request_source import RequestSource
 from herald.catalog import TRAFFIC_CLASSES, Catalog, load_catalog
 from herald.config import HeraldSettings, TenantsFile
 from herald.controls import PlanControls
@@ -102,7 +103,7 @@ def _chain(
     collector again and again (it took 15% of the job's time on that burst). A chunk takes the
     audience batches request by request, so the users of a request are planned together and
     share their records' prototypes (herald.plan_records.Prototypes) and templates
-    (dataflows/_planned_alike.py).
+    (dataflows/plan/planned_alike.py).
 
     Redis answers while this process plans: the next chunk's users' state is fetched while a
     chunk is planned, and a chunk is finished (its cap charges' answers

@@ -5,7 +5,7 @@
                               trip a batch for the users' state (the copies,
                               dataflows/_user_copies.py), one for the frequency caps; users
                               planned alike get encoded records from a template
-                              (dataflows/_planned_alike.py)
+                              (dataflows/plan/planned_alike.py)
 
 They are callables over whole batches (`flat_map_batch`), so the per-item cost of the dataflow is
 paid once per batch for Redis round trips and clock reads. Redis clients are created on first use
@@ -25,11 +25,11 @@ from typing import Any, NamedTuple
 
 from dataflows._encode import Encoder
 from dataflows._metrics import CountOutputs
-from dataflows._otp_guard import OtpGuard
-from dataflows._planned_alike import Classes, Template
 from dataflows._redis import CapCharge, CapCounter, RequestGate, redis_client
 from dataflows._settings import Clock
 from dataflows._user_copies import BadCopy, UserState
+from dataflows.plan.otp_guard import OtpGuard
+from dataflows.plan.planned_alike import Classes, Template
 from herald import tracing
 from herald.catalog import Catalog
 from herald.config import HeraldSettings, SmsLimits
@@ -115,7 +115,7 @@ class Planner:
     trip, ~12% of the job's time when it waited, overlaps with the job's own work (the calling
     thread blocks on the socket without the GIL).
 
-    Users planned alike get their records from a template (dataflows/_planned_alike.py), already
+    Users planned alike get their records from a template (dataflows/plan/planned_alike.py), already
     encoded: those come out as `KafkaRecord`s beside the `Output`s of users planned in full.
     The step counts the events it emits (`count`).
     """
@@ -148,7 +148,7 @@ class Planner:
 
     def fetch(self, batch: list[AudienceBatch]) -> Fetched:
         """The batches and their users' copies, read on the helper thread while the caller goes
-        on (dataflows/plan.py `_chain` fetches the next chunk's while it plans this one). The
+        on (dataflows/plan/flow.py `_chain` fetches the next chunk's while it plans this one). The
         batches of a cancelled notification come back with a cancelled request."""
         if self._state is None:
             client = redis_client(self.settings.redis)

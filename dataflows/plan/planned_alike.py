@@ -5,7 +5,7 @@ reads their preferences and which contact points they have (`Preferences.policy_
 `ContactPoints.policy_key`); the renderer reads the request and the locale. So two users of one
 request with equal keys, planned at the same instant, get records that differ only in
 delivery_id, event_id, user_id and address (the shapes of herald.plan_records.Prototypes). The
-planner (dataflows/_planner.py) counts the users of each class in a batch, plans the first user
+planner (dataflows/plan/planner.py) counts the users of each class in a batch, plans the first user
 of a class of `MIN_CLASS_USERS` or more in full, derives a `Template` from its records, and
 makes the other users' records from it, encoded:
 

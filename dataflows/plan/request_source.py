@@ -31,7 +31,7 @@ from typing import Any
 
 from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
 
-from dataflows._audience import AudienceStore
+from dataflows.plan.audience import AudienceStore
 from herald.config import KafkaSettings
 from herald.controls import PAUSE_RECHECK_S, PAUSED, PlanControls
 from herald.dead_letters import dead_letter

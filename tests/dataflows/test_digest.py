@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from bytewax.recovery import init_db_dir
 
+from dashboards.lag import committed_offsets, topic_ends
 from herald.config import HeraldSettings
 from infra.process import free_port
 from tests.dataflows.helpers import produce
@@ -78,6 +79,35 @@ def wait_snapshot(recovery: Path, keys: int, job: Job, timeout: float = 90) -> N
         time.sleep(0.2)
 
 
+def last_epoch(recovery: Path) -> int:
+    """The latest epoch the job committed a snapshot of."""
+    epochs = [0]
+    for db in recovery.glob("*.sqlite3"):
+        with sqlite3.connect(db) as conn:
+            epochs.append(conn.execute("SELECT max(snap_epoch) FROM snaps").fetchone()[0] or 0)
+    return max(epochs)
+
+
+def wait_all_read(settings: HeraldSettings, recovery: Path, job: Job, timeout: float = 60) -> None:
+    """Until the job has committed every social event now on the topic, and one epoch after
+    that: whatever those events make it emit (a window they reopen closes at once, its time
+    long past) is on the requests topic by then."""
+    target = topic_ends(settings.kafka, [settings.kafka.topic("herald.social-events")])
+    deadline = time.monotonic() + timeout
+    while True:
+        held = committed_offsets(recovery.parent).get(recovery.name, {})
+        if all(held.get(tp, 0) >= end for tp, end in target.items()):
+            break
+        assert job.running(), job.output()[-3000:]
+        assert time.monotonic() < deadline, (held, target)
+        time.sleep(0.2)
+    epoch = last_epoch(recovery)
+    while last_epoch(recovery) <= epoch:
+        assert job.running(), job.output()[-3000:]
+        assert time.monotonic() < deadline, "no epoch committed after the last event"
+        time.sleep(0.2)
+
+
 def test_seed_003_storm_survives_sigkill(
     settings: HeraldSettings, subprocess_env: dict[str, str], tmp_path: Path
 ) -> None:
@@ -119,7 +149,7 @@ def test_seed_003_storm_survives_sigkill(
         requests = wait_for(
             settings, REQUESTS, lambda rs: len(rs) >= 3, timeout=MARGIN + 30, job=job
         )
-        time.sleep(2)  # a duplicate would be emitted right behind the first copies
+        wait_all_read(settings, recovery, job)  # a duplicate would be out by then
         requests = read(settings, REQUESTS)
     finally:
         output = job.stop()

@@ -98,7 +98,12 @@ def test_local_time_release_across_dst_gap_and_overlap(e2e: E2EStack, tmp_path: 
                 if stamps:
                     released[name] = [s + timedelta(seconds=offset) for s in stamps]
             time.sleep(1)
-        time.sleep(3)  # a second release would show by now
+        # The rule allows one release in [documented, documented + jitter): wait until every
+        # job's clock has passed that window and a read of the topic after it (one poll).
+        for _, _, _, documented, offset, _ in runs:
+            window_end = documented + timedelta(seconds=JITTER_S + 1)
+            while datetime.now(UTC) + timedelta(seconds=offset) < window_end:
+                time.sleep(0.2)
         for name, settings, did, documented, offset, _ in runs:
             assert name in released, f"{name}: never released; {runs[0][-1].output()[-2000:]}"
             stamps = [s for s, d in read_timed(settings, EMAIL_BULK) if d["delivery_id"] == did]

@@ -3,14 +3,16 @@ and the warehouse job: every event reaches ClickHouse, and replays change no cou
 
 from __future__ import annotations
 
-import time
 import uuid
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
+from bytewax.recovery import init_db_dir
 from confluent_kafka import Producer
 
+from dashboards.lag import committed_offsets, topic_ends
 from dashboards.queries import PANELS, run_panel, window
 from herald.clickhouse import herald_client
 from herald.config import HeraldSettings
@@ -164,8 +166,16 @@ def warehouse_events(port: int) -> float:
 
 
 @pytest.mark.integration
+def inserted_all(settings: HeraldSettings, recovery: Path) -> bool:
+    """Whether the warehouse committed a position past every delivery event now on the topic:
+    its insert of a batch returns before the epoch holding the batch commits."""
+    held = committed_offsets(recovery.parent).get(recovery.name, {})
+    ends = topic_ends(settings.kafka, [settings.kafka.topic("herald.delivery-events")])
+    return all(held.get(tp, 0) >= end for tp, end in ends.items())
+
+
 def test_warehouse_job_loads_every_event_and_replays_change_nothing(
-    settings: HeraldSettings, subprocess_env: dict[str, str]
+    settings: HeraldSettings, subprocess_env: dict[str, str], tmp_path: Path
 ) -> None:
     now = datetime.now(UTC)
     from infra.process import free_port
@@ -174,7 +184,10 @@ def test_warehouse_job_loads_every_event_and_replays_change_nothing(
     n = produce_events(settings, tenant, now)
     port = free_port("127.0.0.1")
     env = {**subprocess_env, "HERALD_METRICS_PORT": str(port)}
-    job = FlowJob("dataflows.warehouse:build_flow()", env, "-s", "1")
+    recovery = tmp_path / "warehouse"
+    recovery.mkdir()
+    init_db_dir(recovery, 1)
+    job = FlowJob("dataflows.warehouse:build_flow()", env, "-r", str(recovery), "-s", "1")
     try:
         wait_for(lambda: counts(settings, tenant)["rows"] == n)
         # one fixed window for both reads: a minute boundary between them must not shift buckets
@@ -189,7 +202,7 @@ def test_warehouse_job_loads_every_event_and_replays_change_nothing(
         assert redriven.written == n
         assert replay(settings, "herald.delivery-events", frm, to).written == 2 * n  # + copies
         wait_for(lambda: warehouse_events(port) == 2 * n)
-        time.sleep(1.5)  # the job inserts after counting: give the last batch time to land
+        wait_for(lambda: inserted_all(settings, recovery))  # it counts before it inserts
         assert counts(settings, tenant, at) == first
         assert job.proc.poll() is None
     finally:

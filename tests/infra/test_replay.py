@@ -187,7 +187,9 @@ def test_warehouse_job_loads_every_event_and_replays_change_nothing(
     recovery = tmp_path / "warehouse"
     recovery.mkdir()
     init_db_dir(recovery, 1)
-    job = FlowJob("dataflows.warehouse:build_flow()", env, "-r", str(recovery), "-s", "1")
+    job = FlowJob(
+        "dataflows.warehouse:build_flow()", env, "-r", str(recovery), "-s", "1", "-b", "0"
+    )
     try:
         wait_for(lambda: counts(settings, tenant)["rows"] == n)
         # one fixed window for both reads: a minute boundary between them must not shift buckets

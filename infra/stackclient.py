@@ -272,8 +272,8 @@ class StackClient:
             raise InfraError("this client was not made from a run directory")
         root = Path(self.state["run_dir"]) / "recovery"
         kafka = self.settings().kafka
-        # the ends now are the target (a partition never read has no position: 0); records
-        # written later do not extend the wait
+        # the ends now are the target (empty partitions left out: a job that never read one
+        # has no position for it); records written later do not extend the wait
         target = {
             tp: end
             for tp, end in topic_ends(kafka, [kafka.topic(t) for t in topics]).items()

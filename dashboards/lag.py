@@ -13,6 +13,7 @@ wrote in this run directory (trusted).
     committed_offsets(recovery_root) -> {job: {(topic, partition): next offset}}
     consumer_lag(kafka, offsets)     -> [Lag(job, topic, partition, offset, end, lag)]
     topic_ends(kafka, topics)        -> {(topic, partition): end}
+    behind(recovery_root, job, ends) -> {(topic, partition): (position, end)} not reached yet
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from confluent_kafka import Consumer
 from herald.config import KafkaSettings
 from sources.kafka import partition_ends
 
-__all__ = ["Lag", "committed_offsets", "consumer_lag", "topic_ends"]
+__all__ = ["Lag", "behind", "committed_offsets", "consumer_lag", "topic_ends"]
 
 log = logging.getLogger(__name__)
 
@@ -124,3 +125,15 @@ def consumer_lag(kafka: KafkaSettings, offsets: dict[str, dict[tuple[str, int], 
         for (topic, partition), offset in sorted(positions.items())
         if (topic, partition) in pairs
     ]  # fmt: skip
+
+
+def behind(
+    recovery_root: Path, job: str, ends: dict[tuple[str, int], int]
+) -> dict[tuple[str, int], tuple[int | None, int]]:
+    """The partitions whose `ends` (from `topic_ends`) `job` has not committed a position at or
+    past yet, with (position, end); empty partitions never count. Empty: the job has read,
+    processed and committed everything up to `ends` (the barrier tests wait on)."""
+    held = committed_offsets(recovery_root).get(job, {})
+    return {
+        tp: (held.get(tp), end) for tp, end in ends.items() if end > 0 and held.get(tp, -1) < end
+    }

@@ -266,27 +266,17 @@ class StackClient:
         lasts at least until its next epoch ends (`-s`, 5 s by default). Raises TimeoutError
         with the partitions still behind.
         """
-        from dashboards.lag import committed_offsets, topic_ends
+        from dashboards.lag import behind, topic_ends
 
         if self.state is None:
             raise InfraError("this client was not made from a run directory")
         root = Path(self.state["run_dir"]) / "recovery"
         kafka = self.settings().kafka
-        # the ends now are the target (empty partitions left out: a job that never read one
-        # has no position for it); records written later do not extend the wait
-        target = {
-            tp: end
-            for tp, end in topic_ends(kafka, [kafka.topic(t) for t in topics]).items()
-            if end > 0
-        }
+        ends = topic_ends(kafka, [kafka.topic(t) for t in topics])  # later records: not waited for
         deadline = time.monotonic() + timeout
-        while True:
-            now = committed_offsets(root).get(job, {})
-            behind = {tp: (now.get(tp), end) for tp, end in target.items() if now.get(tp, -1) < end}
-            if not behind:
-                return
+        while short := behind(root, job, ends):
             if time.monotonic() >= deadline:
-                raise TimeoutError(f"{job} not past {behind} ((position, end)) after {timeout}s")
+                raise TimeoutError(f"{job} not past {short} ((position, end)) after {timeout}s")
             time.sleep(0.5)
 
     # -- simulators, ClickHouse, processes -------------------------------------------------

@@ -8,7 +8,7 @@ import pickle
 import sqlite3
 from pathlib import Path
 
-from dashboards.lag import committed_offsets
+from dashboards.lag import behind, committed_offsets
 
 
 def store(path: Path, rows: list[tuple[str, str, int, object]]) -> None:
@@ -43,4 +43,20 @@ def test_every_input_step_counts_at_its_latest_epoch_and_no_other_state(tmp_path
             ("herald.requests.transactional", 0): 7,
             ("herald.requests.transactional", 1): 3,
         },
+    }
+
+
+def test_behind_names_the_partitions_short_of_their_ends_and_skips_empty_ones(
+    tmp_path: Path,
+) -> None:
+    store(
+        tmp_path / "receipts" / "part-0.sqlite3",
+        [("receipts.raw_in.read", "0-herald.receipts.raw", 3, 10)],
+    )
+    ends = {("herald.receipts.raw", 0): 10, ("herald.receipts.raw", 1): 4}
+    ends_empty = {("herald.receipts.raw", 2): 0}
+    assert behind(tmp_path, "receipts", ends) == {("herald.receipts.raw", 1): (None, 4)}
+    assert behind(tmp_path, "receipts", {**ends_empty, ("herald.receipts.raw", 0): 10}) == {}
+    assert behind(tmp_path, "receipts", {("herald.receipts.raw", 0): 11}) == {
+        ("herald.receipts.raw", 0): (10, 11)
     }

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from bytewax.recovery import init_db_dir
 
-from dashboards.lag import committed_offsets, topic_ends
+from dashboards.lag import behind, topic_ends
 from herald.config import HeraldSettings
 from infra.process import free_port
 from tests.dataflows.helpers import produce
@@ -92,14 +92,11 @@ def wait_all_read(settings: HeraldSettings, recovery: Path, job: Job, timeout: f
     """Until the job has committed every social event now on the topic, and one epoch after
     that: whatever those events make it emit (a window they reopen closes at once, its time
     long past) is on the requests topic by then."""
-    target = topic_ends(settings.kafka, [settings.kafka.topic("herald.social-events")])
+    ends = topic_ends(settings.kafka, [settings.kafka.topic("herald.social-events")])
     deadline = time.monotonic() + timeout
-    while True:
-        held = committed_offsets(recovery.parent).get(recovery.name, {})
-        if all(held.get(tp, 0) >= end for tp, end in target.items()):
-            break
+    while short := behind(recovery.parent, recovery.name, ends):
         assert job.running(), job.output()[-3000:]
-        assert time.monotonic() < deadline, (held, target)
+        assert time.monotonic() < deadline, short
         time.sleep(0.2)
     epoch = last_epoch(recovery)
     while last_epoch(recovery) <= epoch:

@@ -12,7 +12,7 @@ import pytest
 from bytewax.recovery import init_db_dir
 from confluent_kafka import Producer
 
-from dashboards.lag import committed_offsets, topic_ends
+from dashboards.lag import behind, topic_ends
 from dashboards.queries import PANELS, run_panel, window
 from herald.clickhouse import herald_client
 from herald.config import HeraldSettings
@@ -169,9 +169,8 @@ def warehouse_events(port: int) -> float:
 def inserted_all(settings: HeraldSettings, recovery: Path) -> bool:
     """Whether the warehouse committed a position past every delivery event now on the topic:
     its insert of a batch returns before the epoch holding the batch commits."""
-    held = committed_offsets(recovery.parent).get(recovery.name, {})
     ends = topic_ends(settings.kafka, [settings.kafka.topic("herald.delivery-events")])
-    return all(held.get(tp, 0) >= end for tp, end in ends.items())
+    return not behind(recovery.parent, recovery.name, ends)
 
 
 def test_warehouse_job_loads_every_event_and_replays_change_nothing(

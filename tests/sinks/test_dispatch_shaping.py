@@ -126,7 +126,9 @@ def test_429_storm_retries_are_spread_not_a_wave(sims: dict, url: str) -> None:
             ("RETRY_SCHEDULED", "rate_limited"),
         }
         sim.configure(errors={})
-        outs = release_when_due(h, storm.retries, 6.0)
+        # a bound, not a wait: the loop ends once every retry was released (a loaded machine
+        # took more than 6 s to release 300)
+        outs = release_when_due(h, storm.retries, 60.0)
     finally:
         h.close()
     resent = [
@@ -135,7 +137,10 @@ def test_429_storm_retries_are_spread_not_a_wave(sims: dict, url: str) -> None:
     ]  # fmt: skip
     assert len(resent) == 300
     assert min(resent) >= 0.9  # Retry-After is a floor
-    bins = Counter(int(r * 10) for r in resent)  # 100 ms bins
-    assert max(bins.values()) <= 0.2 * len(resent)  # uniform over ~1 s: ~10 % per bin
-    assert statistics.pstdev(resent) >= 0.2  # a wave would be ~0
-    assert max(resent) - min(resent) >= 0.8
+    # The spread is dispatch's schedule (each retry's next_attempt_at): the resend times above
+    # add the harness's own release latency, which bunches overdue retries on a loaded machine.
+    scheduled = [(r["next_attempt_at"] - storm_at).total_seconds() for r in storm.retries]
+    bins = Counter(int(r * 10) for r in scheduled)  # 100 ms bins
+    assert max(bins.values()) <= 0.2 * len(scheduled)  # uniform over ~1 s: ~10 % per bin
+    assert statistics.pstdev(scheduled) >= 0.2  # a wave would be ~0
+    assert max(scheduled) - min(scheduled) >= 0.8

@@ -5,7 +5,6 @@ while ClickHouse keeps the original attempts' events."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -65,7 +64,9 @@ def test_replay_keeps_identity_rechecks_policy_and_is_idempotent(
     failing = delivery()
     later_opt_out = delivery(notification_type="marketing_campaign", category="marketing",
                              traffic_class="bulk")  # fmt: skip
-    expiring = delivery(expire_at=now() + timedelta(seconds=1.5))
+    # Still valid while dispatch fails it, however slow the machine; expired for the replay,
+    # which is run as of a moment after its expire_at (its `now`), not after a sleep.
+    expiring = delivery(expire_at=now() + timedelta(minutes=5))
     dispatch(settings, cfg, apns, [failing, later_opt_out, expiring])
 
     letters = read(settings, DEAD_LETTERS)
@@ -78,8 +79,8 @@ def test_replay_keeps_identity_rechecks_policy_and_is_idempotent(
 
     put_prefs(redis.Redis.from_url(settings.redis.url), later_opt_out["user_id"],
               category_opt_out=["marketing"])  # fmt: skip
-    time.sleep(max(0.0, (expiring["expire_at"] - now()).total_seconds()) + 0.1)
-    result = replay_dead_letters(settings, dispatch=cfg)
+    later = expiring["expire_at"] + timedelta(seconds=1)
+    result = replay_dead_letters(settings, dispatch=cfg, now=later)
     assert (result.scanned, result.replayed) == (3, 1)
     assert result.skipped == {"opted_out": 1, "expired": 1}
 
@@ -100,8 +101,8 @@ def test_replay_keeps_identity_rechecks_policy_and_is_idempotent(
         (expiring["delivery_id"], "EXPIRED", "expired"),
     }
 
-    assert replay_dead_letters(settings, dispatch=cfg).skipped == {"already_replayed": 3}
-    dry = replay_dead_letters(settings, dispatch=cfg, force=True, dry_run=True)
+    assert replay_dead_letters(settings, dispatch=cfg, now=later).skipped == {"already_replayed": 3}
+    dry = replay_dead_letters(settings, dispatch=cfg, force=True, dry_run=True, now=later)
     assert dry.replayed == 1 and len(read(settings, PUSH_TX)) == 1
 
     apns.configure(errors={})  # the provider is back: the replayed delivery goes through

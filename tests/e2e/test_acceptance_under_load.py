@@ -13,8 +13,10 @@ import uuid
 
 import pytest
 
+from herald.topics import DELIVERY_EVENTS
 from infra.process import port_open
 from infra.stackclient import StackClient
+from tests.dataflows.helpers import consume, decoder
 from tests.e2e._helpers import (
     REACHED,
     TERMINAL,
@@ -77,18 +79,27 @@ def _campaign_pushes(client: StackClient, tokens: set[str]) -> list[float]:
 
 
 def _campaign_sending(client: StackClient, nid: str, expected: int) -> list[float]:
-    """When Herald granted each FCM send of the campaign (SENDING events in ClickHouse), once
-    the warehouse has them all (or after 120 s)."""
+    """When Herald granted each FCM send of the campaign: the SENDING events dispatch produced,
+    read from the events topic once it holds them all (or after 120 s). Not from ClickHouse:
+    the warehouse is niced and trails a loaded machine by minutes, and what is checked here is
+    what dispatch decided, which the topic holds first."""
+    settings = client.settings()
+    decode, marker = decoder(settings), nid.encode()
     deadline = time.monotonic() + 120
     while True:
-        result = client.clickhouse().query(
-            "SELECT occurred_at FROM herald.delivery_events FINAL "
-            "WHERE notification_id = {nid:String} AND state = 'SENDING' AND provider = 'fcm'",
-            parameters={"nid": nid},
-        )
-        times = [row[0].timestamp() for row in result.result_rows]
-        if len(times) >= expected or time.monotonic() > deadline:
-            return times
+        granted: dict[str, float] = {}  # event_id -> occurred_at (a re-produced event once)
+        for _key, value in consume(settings, DELIVERY_EVENTS):
+            if value is None or marker not in value:
+                continue
+            event = decode(value)
+            if (
+                event["notification_id"] == nid
+                and event["state"] == "SENDING"
+                and (event["provider"] == "fcm")
+            ):
+                granted[event["event_id"]] = event["occurred_at"].timestamp()
+        if len(granted) >= expected or time.monotonic() > deadline:
+            return list(granted.values())
         time.sleep(1.0)
 
 
@@ -166,8 +177,8 @@ def test_bulk_flood_does_not_slow_otps_and_provider_rate_holds(
     print(f"Herald's sends: {len(sending)}, busiest 1 s window {granted}")
     print(
         f"phases: audience loaded and known {posted - began:.1f}s, first 300 pushes "
-        f"{flooding - posted:.1f}s, OTPs and drain {drained - flooding:.1f}s, warehouse "
-        f"{time.monotonic() - drained:.1f}s"
+        f"{flooding - posted:.1f}s, OTPs and drain {drained - flooding:.1f}s, "
+        f"events read {time.monotonic() - drained:.1f}s"
     )
     assert len(sending) >= len(bulk_users)
     assert granted <= FCM_RATE * (1.0 + BURST_S) + 1

@@ -139,11 +139,11 @@ def test_429_storm_retries_are_spread_not_a_wave(sims: dict, url: str) -> None:
     ]  # fmt: skip
     assert len(resent) == 300
     assert min(resent) >= 0.9  # Retry-After is a floor
-    # Spread both in dispatch's schedule (each retry's next_attempt_at) and in the resends,
-    # which add the harness's release latency.
+    # The spread is dispatch's decision: each retry's next_attempt_at. The resend times add the
+    # harness's release loop, which a loaded machine bunches (64 of 300 in one 100 ms bin once,
+    # with three lanes of tests at once): they are checked for their floor above, not spread.
     scheduled = [(r["next_attempt_at"] - storm_at).total_seconds() for r in storm.retries]
-    for times in (scheduled, resent):
-        bins = Counter(int(t * 10) for t in times)  # 100 ms bins
-        assert max(bins.values()) <= 0.2 * len(times)  # uniform over ~1 s: ~10 % per bin
-        assert statistics.pstdev(times) >= 0.2  # a wave would be ~0
-        assert max(times) - min(times) >= 0.8
+    bins = Counter(int(t * 10) for t in scheduled)  # 100 ms bins
+    assert max(bins.values()) <= 0.2 * len(scheduled)  # uniform over ~1 s: ~10 % per bin
+    assert statistics.pstdev(scheduled) >= 0.2  # a wave would be ~0
+    assert max(scheduled) - min(scheduled) >= 0.8

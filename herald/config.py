@@ -134,6 +134,14 @@ class RunSettings(BaseSettings):
         "tenants file and its dev key, the simulators' credentials) are allowed; elsewhere "
         "processes refuse to start with them (`refuse_unsafe_defaults`).",
     )
+    nice: bool = Field(
+        default=True,
+        validation_alias=AliasChoices("HERALD_RUN_NICE", "nice"),
+        description="Start the jobs that record rather than send (infra/services.py `NICE`: the "
+        "warehouse) at a lower CPU priority, so a saturated machine sends first. False starts "
+        "every component at normal priority: the test suite's end-to-end stack, which shares "
+        "two cores with other test lanes that would starve a niced warehouse for minutes.",
+    )
 
 
 def refuse_unsafe_defaults(process: str, run: RunSettings, unsafe: list[str]) -> None:

@@ -364,9 +364,10 @@ SPARES = frozenset({"plan_transactional", "dispatch_transactional"})
 NICE = {"warehouse": 19}
 
 
-def nice_of(component: Component) -> int:
-    """The nice value `component`'s process starts with (see NICE)."""
-    return NICE.get(component.job or component.name, 0)
+def nice_of(component: Component, enabled: bool = True) -> int:
+    """The nice value `component`'s process starts with (see NICE); 0 for every component when
+    not `enabled` (RunSettings.nice, HERALD_RUN_NICE)."""
+    return NICE.get(component.job or component.name, 0) if enabled else 0
 
 
 # Seconds between a job's recovery snapshots, which are also its epochs. Each epoch's commit

@@ -34,7 +34,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
-from herald.config import ClickHouseSettings, KafkaSettings
+from herald.config import ClickHouseSettings, KafkaSettings, RunSettings
 from herald.errors import AlreadyRunningError, InfraError
 from infra.process import ManagedProcess, free_port, kill_group, pid_alive, wait_until
 from infra.services import SERVICES, Component, Ctx, jobs, nice_of
@@ -98,6 +98,7 @@ class Stack:
         # Warm spares of the jobs that have one (infra/spare.py), by component name.
         self.spares: dict[str, ManagedProcess] = {}
         self.ctx: Ctx | None = None
+        self.nice = RunSettings().nice  # HERALD_RUN_NICE=false: every component at nice 0
         self._lock_fh: IO[str] | None = None
         self._stop = threading.Event()
 
@@ -191,7 +192,7 @@ class Stack:
             argv=component.argv(self.ctx),
             log_path=self.run_dir / "logs" / f"{component.name}.log",
             env={**self.ctx.child_env(), **(component.env(self.ctx) if component.env else {})},
-            nice=nice_of(component),
+            nice=nice_of(component, self.nice),
         )
 
     def _start_spare(self, component: Component) -> None:

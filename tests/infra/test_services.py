@@ -5,6 +5,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
+from herald.config import RunSettings
 from infra.process import ManagedProcess
 from infra.services import (
     BACKGROUND_FETCH_WAIT_MS,
@@ -35,9 +38,13 @@ def test_every_bytewax_job_gets_its_fetch_wait_and_the_transactional_path_the_sh
     }
 
 
-def test_only_the_recording_processes_yield_the_cpu() -> None:
+def test_only_the_recording_processes_yield_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     niced = {c.job or c.name for c in [*SERVICES, *jobs(1)] if nice_of(c)}
     assert niced == set(NICE) == {"warehouse"}
+    assert RunSettings().nice  # by default
+    monkeypatch.setenv("HERALD_RUN_NICE", "false")  # the end-to-end tests' stack
+    assert not RunSettings().nice
+    assert not any(nice_of(c, RunSettings().nice) for c in [*SERVICES, *jobs(1)])
 
 
 def test_a_niced_process_yields_to_other_sessions_too(tmp_path: Path) -> None:

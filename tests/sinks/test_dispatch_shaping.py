@@ -27,6 +27,7 @@ from tests.sinks.dispatch_helpers import (
 pytestmark = pytest.mark.integration
 
 RATE = 100.0  # sms_a budget of the rate test (calls/s)
+STAMP_JITTER_S = 0.1
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +90,11 @@ def test_two_workers_never_exceed_the_provider_rate(sims: dict, url: str) -> Non
     assert len(sends) == 400 and not any(o.retries for o in outs), reasons
     assert sim.stats()["rate_limited"] == 0  # the provider never had to throttle us
     busiest = max_in_window(sends, 1.0)
-    assert busiest <= RATE + depth
+    # A SENDING is stamped after its tokens were granted, and a loaded machine delays a stamp
+    # (111 in one second once, beside two other test lanes): up to STAMP_JITTER_S of them may
+    # crowd into a later second. The grants themselves are held to rate x T + depth exactly in
+    # tests/herald/test_shaping.py.
+    assert busiest <= RATE * (1.0 + STAMP_JITTER_S) + depth
     # The budget is reached: a full second of sends at (nearly) the rate. Not the average over
     # the run, which a loaded machine lowers (58/s once beside two stacks); the sustained figure
     # is the bench's (within 5 %).

@@ -35,30 +35,31 @@ $(STAMP): pyproject.toml requirements.lock
 run: install
 	$(BIN)/herald up
 
-# three lanes at the same time (tests/conftest.py marks them; README "Tests" has the figures):
+# three lanes (tests/conftest.py marks them; README "Tests" has the figures):
 #  1. everything but the whole stacks, on four pytest-xdist workers (by module, slowest modules
 #     first: they mostly wait on processes, so four keep two cores busier than two);
-#  2. the tests that start a whole stack of their own (fault injection, the demo, two processes
-#     per job), one at a time, output in .herald/test-own-stacks.log;
-#  3. the end-to-end package on its shared stack, output in .herald/test-e2e.log.
-# Lane 1 shares the machine with two stacks: its tests bound by a rate or a deadline judge what
-# the code decides (a token grant, a schedule, a clock passed in), not how fast a loaded machine
-# runs it. Lanes 2 and 3 are printed after lane 1. Ctrl-C stops every lane (tests/conftest.py
-# `pytest_configure`: a background job starts with SIGINT ignored).
+#  2. at the same time, the tests that start a whole stack of their own (fault injection, the
+#     demo, two processes per job), one at a time, output in .herald/test-own-stacks.log;
+#  3. once lane 1 is done (lane 2 may still run), the end-to-end package on its shared stack.
+#     All three at once took 550-800 s and failed six of eight fresh-clone runs, each on a
+#     test bound by time or rate (README "Tests"): two stacks beside lane 1 overload two cores.
+# Lane 2 is printed at the end. Ctrl-C stops every lane (tests/conftest.py `pytest_configure`:
+# a background job starts with SIGINT ignored); after a stopped lane 1 lane 3 does not start.
 test: install
 	@mkdir -p .herald; \
 	$(BIN)/python -m pytest -m whole_stack --ignore=tests/e2e -p no:xdist \
 		--basetemp=.herald/pytest-own-stacks >.herald/test-own-stacks.log 2>&1 & own=$$!; \
-	$(BIN)/python -m pytest tests/e2e -p no:xdist \
-		--basetemp=.herald/pytest-e2e >.herald/test-e2e.log 2>&1 & e2e=$$!; \
 	$(BIN)/python -m pytest -m "not whole_stack" -n 4 --dist loadfile --no-loadscope-reorder; \
 	parallel=$$?; \
+	if [ $$parallel -eq 2 ]; then \
+		wait $$own; \
+		echo "make test: lane 1 was stopped (Ctrl-C or a collection error): no end-to-end lane"; \
+		exit 2; \
+	fi; \
+	$(BIN)/python -m pytest tests/e2e -p no:xdist --basetemp=.herald/pytest-e2e; shared=$$?; \
 	wait $$own; stacks=$$?; \
-	wait $$e2e; shared=$$?; \
-	echo "== the whole-stack tests with stacks of their own (ran beside the lane above)"; \
+	echo "== the whole-stack tests with stacks of their own (ran beside the lanes above)"; \
 	cat .herald/test-own-stacks.log; \
-	echo "== the end-to-end tests on their shared stack (ran beside the lanes above)"; \
-	cat .herald/test-e2e.log; \
 	echo "make test: lane exits: parallel $$parallel, own stacks $$stacks, shared stack $$shared"; \
 	test $$parallel -eq 0 -a $$stacks -eq 0 -a $$shared -eq 0
 

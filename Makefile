@@ -41,7 +41,7 @@ run: install
 #  2. at the same time, the tests that start a whole stack of their own (fault injection, the
 #     demo, two processes per job), one at a time, output in .herald/test-own-stacks.log;
 #  3. once lane 1 is done (lane 2 may still run), the end-to-end package on its shared stack.
-#     All three at once took 550-800 s and failed six of eight fresh-clone runs, each on a
+#     All three at once took 550-900 s and failed six of eight fresh-clone runs, each on a
 #     test bound by time or rate (README "Tests"): two stacks beside lane 1 overload two cores.
 # Lane 2 is printed at the end. Ctrl-C stops every lane (tests/conftest.py `pytest_configure`:
 # a background job starts with SIGINT ignored); after a stopped lane 1 lane 3 does not start.

@@ -140,7 +140,7 @@ class RunSettings(BaseSettings):
         description="Start the jobs that record rather than send (infra/services.py `NICE`: the "
         "warehouse) at a lower CPU priority, so a saturated machine sends first. False starts "
         "every component at normal priority: the test suite's end-to-end stack, which shares "
-        "two cores with other test lanes that would starve a niced warehouse for minutes.",
+        "two cores with other test lanes that starved a niced warehouse for a minute.",
     )
 
 

@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 FCM_RATE = 800.0
 E2E_ENV = {
     # The warehouse at normal priority: this stack shares the machine with two other test lanes,
-    # and niced (19) it loaded no event for minutes behind them (the tests read ClickHouse).
+    # and niced (19) it loaded no event for a minute behind them (the tests read ClickHouse).
     "HERALD_RUN_NICE": "false",
     "HERALD_PLANNING_SCHEDULE_JITTER_SECONDS": "2",
     "HERALD_DISPATCH_CALL_TIMEOUT_S": "3",

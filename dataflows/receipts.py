@@ -6,9 +6,8 @@
         by provider_msg_id -> join_msg_id (MsgJoin: held until the   │
             PROVIDER_ACCEPTED record names the delivery, TTL)        ├─> fold_delivery
     herald.delivery-events (every job's events, this one's too) ─────┘   (DeliveryFold, key
-        (push events before the provider's answer: hot status only,       delivery_id)
-         no fold state, `_STATUS_ONLY`; those dispatch marks superseded
-         are dropped unread)
+        (a push's events: hot status only, no fold state, `_STATUS_ONLY`;   delivery_id)
+         those dispatch marks superseded are dropped unread)
     fold_delivery -> new delivery_events (DELIVERED, READ, OPENED, CLICKED, FAILED_PERMANENT,
                      DELIVERY_UNKNOWN ...) -> herald.delivery-events
                   -> hot status, compare-and-set in Redis (herald.status_keys)
@@ -354,27 +353,34 @@ def build_flow(
     return flow
 
 
-# Push states before the provider's answer. A push delivery gets no provider receipt, and the
-# app's open comes after the push was shown, so these events only move the hot status: they are
-# written as they are (the compare-and-set in Redis keeps the order, herald.status_keys) and the
-# fold starts at the provider's answer with the same context (every event carries it). A
-# campaign's fold work fell by two thirds.
-_STATUS_ONLY = {"push": frozenset({"PLANNED", "SCHEDULED", "QUEUED", "SENDING"})}
+# Channels whose deliveries hold no fold state: every event of theirs only moves the hot
+# status. A push gets no provider receipt: APNs and FCM answer the send, which dispatch records,
+# and the app reports an open through the push's signed `herald_opened` URL (POST /t/p/{token},
+# api/routes/tracking.py), which records READ on the topic with the delivery's whole context.
+# So the fold has nothing to join, hold or emit for a push; its events are written as they are
+# (the compare-and-set in Redis keeps the order and the generations, herald.status_keys). The
+# job then keeps no state per push sent: before, it kept one for days per delivery from the
+# provider's answer on, and its timers and snapshots cost a little of a core per million
+# deliveries sent, for as long as they were kept.
+_STATUS_ONLY = frozenset({"push"})
 
 
-# ... and of those, the ones dispatch marks superseded (herald/kafka_records.py: produced with
-# a later event of the delivery that takes the hot status from wherever they would, such as a
-# push's SENDING with its PROVIDER_ACCEPTED) are dropped unread: a third of a push campaign's
+# ... and of their events, those dispatch marks superseded (herald/kafka_records.py: produced
+# with a later event of the delivery that takes the hot status from wherever they would, such as
+# a push's SENDING with its PROVIDER_ACCEPTED) are dropped unread: a third of a push campaign's
 # events, which would only have written a status overwritten within the same batch.
-_SKIPPED = frozenset(f"{c}/{s}".encode() for c, states in _STATUS_ONLY.items() for s in states)
+_SKIPPED = tuple(f"{channel}/".encode() for channel in sorted(_STATUS_ONLY))
 
 
 def _superseded(message: KafkaMessage) -> bool:
-    return message.headers is not None and message.header(SUPERSEDED) in _SKIPPED
+    if message.headers is None:
+        return False
+    marked = message.header(SUPERSEDED)
+    return marked is not None and marked.startswith(_SKIPPED)
 
 
 def _status_only(event: dict[str, Any]) -> bool:
-    return event["state"] in _STATUS_ONLY.get(event["channel"], ())
+    return event["channel"] in _STATUS_ONLY
 
 
 def _passing_status(event: dict[str, Any]) -> StatusUpdate:

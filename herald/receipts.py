@@ -11,7 +11,9 @@ those modules build their events with the helpers below (`base_fields`, `state_o
 are read here:
 
     inbox  Herald's in-app inbox (JSON object or array): delivery_id, event delivered|read
-    app    Herald's mobile SDK reporting push opens (JSON): delivery_id, event opened|read
+
+(A push gets no receipt: the app reports an open through the push's signed `herald_opened` URL,
+which the API records as an event with its delivery's context, api/routes/tracking.py.)
 
 Each event keeps: the provider's status word, the Herald state it reports (`None` when Herald
 has no mapping: such events are kept and counted as unmappable, never guessed), a reason code,
@@ -66,10 +68,10 @@ __all__ = [
     "state_of",
 ]
 
-# Source -> channel of the deliveries it reports on: the webhook providers, the in-app inbox's
-# reads and the app's own engagement events (push opens).
+# Source -> channel of the deliveries it reports on: the webhook providers and the in-app
+# inbox's reads.
 CHANNEL_OF: Mapping[str, str] = {
-    **{name: PROVIDERS[name].channel for name in WEBHOOK}, "inbox": "inapp", "app": "push",
+    **{name: PROVIDERS[name].channel for name in WEBHOOK}, "inbox": "inapp",
 }  # fmt: skip
 
 _MAX_EXTRA = 20  # unknown fields kept per event
@@ -143,7 +145,7 @@ class ReceiptEvent:
 def joins_by_message_id(provider: str) -> bool:
     """True for a provider whose receipts name the message, not the delivery (an SMS
     carrier's DLR, an email provider's webhook): its PROVIDER_ACCEPTED events are kept to
-    join them. APNs and FCM send none; the inbox and the app name the delivery."""
+    join them. APNs and FCM send none; the inbox names the delivery."""
     fmt = _FORMATS.get(provider)
     return fmt is not None and not fmt.names_delivery
 
@@ -291,7 +293,7 @@ def base_fields(
     }
 
 
-# -- Herald's own sources: the in-app inbox and the app --------------------------------------
+# -- Herald's own source: the in-app inbox ----------------------------------------------------
 
 _INTERNAL_KNOWN = frozenset({"delivery_id", "event", "event_id", "occurred_at"})
 
@@ -321,14 +323,13 @@ def _internal(raw: Mapping[str, Any], body: bytes) -> list[ReceiptEvent]:
     return [_internal_event(raw, item) for item in items]
 
 
-# The in-app inbox's reads and the app's push opens; each webhook provider's format lives in its
+# The in-app inbox's reads; each webhook provider's format lives in its
 # folder (sinks/providers/<vendor>/receipts.py, its SPEC) and is registered by the receipts job.
 # A format names the reasons that say the address itself is dead (PROVIDERS.md §6, token_dead
 # column) and those that say the person wants no more marketing on that channel while the
 # address works (a marketing opt-out, sinks/consent.py, never a disabled address).
 _FORMATS: dict[str, ReceiptFormat] = {
     "inbox": ReceiptFormat(_internal, names_delivery=True),
-    "app": ReceiptFormat(_internal, names_delivery=True),
 }
 
 
@@ -340,5 +341,5 @@ def register_format(source: str, fmt: ReceiptFormat) -> None:
 
 
 def sources() -> frozenset[str]:
-    """Every source whose receipts `normalize` reads (the webhook providers, the inbox, the app)."""
+    """Every source whose receipts `normalize` reads (the webhook providers, the inbox)."""
     return frozenset(_FORMATS)

@@ -168,8 +168,9 @@ def test_address_tag_is_short_stable_and_case_folds_email() -> None:
 def test_internal_events_carry_the_delivery() -> None:
     [ev] = normalize(raw("inbox", orjson.dumps({"delivery_id": "d-9", "event": "read"})))
     assert (ev.delivery_hint, ev.state, ev.provider_msg_id) == ("d-9", "READ", None)
-    [opened] = normalize(raw("app", orjson.dumps([{"delivery_id": "d-8", "event": "opened"}])))
-    assert (opened.state, opened.channel) == ("READ", "push")
+    # a push's open is no receipt: the app POSTs the push's signed URL (api/routes/tracking.py)
+    with pytest.raises(BadReceipt, match="no receipt format"):
+        normalize(raw("app", orjson.dumps([{"delivery_id": "d-8", "event": "opened"}])))
 
 
 @pytest.mark.parametrize(
@@ -493,14 +494,12 @@ _FIELDS = {
     "email": ["event", "sg_message_id", "sg_event_id", "timestamp", "delivery_id", "reason",
               "status", "url", "type", "category", "asm_group_id"],
     "inbox": ["delivery_id", "event", "event_id", "occurred_at"],
-    "app": ["delivery_id", "event", "event_id", "occurred_at"],
 }  # fmt: skip
 _VALID = {
     "sms_a": {"MessageSid": "SM1", "MessageStatus": "delivered"},
     "sms_b": {"messageId": "m1", "status": "delivered"},
     "email": {"event": "delivered", "sg_message_id": "x.y"},
     "inbox": {"delivery_id": "d", "event": "read"},
-    "app": {"delivery_id": "d", "event": "opened"},
 }
 
 
@@ -529,12 +528,24 @@ def test_any_field_value_is_an_event_or_bad_receipt_never_a_crash(
 
 def test_only_receipts_that_name_the_message_are_joined_by_its_id() -> None:
     """The receipts job keeps a PROVIDER_ACCEPTED for a later receipt only where one can come
-    by message id (SMS carriers, email): push has no receipts, the inbox and the app name the
-    delivery, so a push campaign leaves no join state behind."""
+    by message id (SMS carriers, email): push has no receipts and the inbox names the delivery,
+    so a push campaign leaves no join state behind."""
     from dataflows.receipts import _accepted_key
 
-    assert [p for p in ("sms_a", "sms_b", "email", "apns", "fcm", "inbox", "app")
+    assert [p for p in ("sms_a", "sms_b", "email", "apns", "fcm", "inbox")
             if joins_by_message_id(p)] == ["sms_a", "sms_b", "email"]  # fmt: skip
     accepted = {"state": "PROVIDER_ACCEPTED", "delivery_id": "d-1", "provider_msg_id": "m-1"}
     assert _accepted_key({**accepted, "provider": "apns"}) is None
     assert _accepted_key({**accepted, "provider": "sms_a"}) == ("sms_a|m-1", ("pa", ("d-1", 0)))
+
+
+def test_a_push_holds_no_fold_state() -> None:
+    """Every event of a push only moves its hot status in the receipts job (no receipt can come
+    for it: its open is an event with its context), so a campaign leaves no state per delivery;
+    every channel with receipts is folded."""
+    from dataflows.receipts import _status_only
+
+    push = ("PLANNED", "SENDING", "PROVIDER_ACCEPTED", "FAILED_PERMANENT", "READ")
+    assert all(_status_only({"channel": "push", "state": s}) for s in push)
+    assert not any(_status_only({"channel": c, "state": s}) for c in ("sms", "email", "inapp")
+                   for s in ("PLANNED", "SENDING", "PROVIDER_ACCEPTED"))  # fmt: skip

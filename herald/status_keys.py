@@ -15,7 +15,9 @@ from (per channel, herald.states transition table), and one Lua script compares 
 entry is written when the field is absent, or its current state is one of those sources. A
 state equal to the current one, a late `sent` after `delivered`, or a retried write after a
 crash is a no-op, so every writer (plan, dispatch, receipts) may write at-least-once and in any
-order without a delivery ever going backwards.
+order without a delivery ever going backwards. One widening (`status_sources`): on a channel
+without a delivered signal (push), an engagement may also replace the states before the send's
+answer, since the app's open may arrive before dispatch has recorded that answer.
 
 Generations (DLQ replays, infra.dlq) come first: an update of a higher generation than the
 entry's is written whatever the states (a replay accepted by the provider leaves the original
@@ -44,6 +46,7 @@ __all__ = [
     "STATUS_TTL_SECONDS",
     "StatusUpdate",
     "allowed_sources",
+    "status_sources",
     "counts_key",
     "header_key",
     "request_header",
@@ -181,6 +184,28 @@ def allowed_sources(channel: str, state: str) -> tuple[str, ...]:
     return tuple(sorted(str(s) for s, targets in table.items() if state in targets))
 
 
+# Engagement states, and the states before a send's answer that an engagement may replace on a
+# channel without a delivered signal (`status_sources`).
+_ENGAGED = frozenset({"READ", "OPENED", "CLICKED"})
+_UNANSWERED = frozenset({"ACCEPTED", "PLANNED", "SCHEDULED", "QUEUED", "SENDING",
+                         "RETRY_SCHEDULED", "PROVIDER_ACCEPTED", "UNKNOWN"})  # fmt: skip
+
+
+@cache
+def status_sources(channel: str, state: str) -> tuple[str, ...]:
+    """States of `channel` a hot-status write of `state` may replace: `allowed_sources`, and,
+    for an engagement (READ, OPENED, CLICKED) on a channel without a delivered signal (push),
+    every state before the send's answer as well. There the engagement comes from the user's
+    app, not from the provider, and may reach the hot status before the send's own answer
+    (dispatch records a slice's answers once the slice is sent): written then, it stays, since
+    no state before it is entered from an engagement."""
+    sources = allowed_sources(channel, state)
+    caps = states.CAPABILITIES.get(channel)
+    if state not in _ENGAGED or caps is None or caps.delivered is not states.Support.NOT_PROVIDED:
+        return sources
+    return tuple(sorted(set(sources) | _UNANSWERED))
+
+
 @cache
 def supersedes(channel: str, state: str, later: str) -> bool:
     """Whether a delivery's `later` state, written right after `state` (same generation), leaves
@@ -217,7 +242,7 @@ class StatusUpdate:
 
     def args(self) -> list[str | bytes | int]:
         """This update's part of `CAS_SCRIPT`'s ARGV."""
-        sources: Sequence[str] = allowed_sources(self.channel, self.state)
+        sources: Sequence[str] = status_sources(self.channel, self.state)
         return [self.delivery_id, self.entry(), self.state, self.generation, len(sources),
                 *sources]  # fmt: skip
 

@@ -35,7 +35,13 @@ from herald.receipts import (
     normalize,
     opts_out,
 )
-from herald.status_keys import StatusUpdate, allowed_sources, status_key, write_statuses
+from herald.status_keys import (
+    StatusUpdate,
+    allowed_sources,
+    counts_key,
+    status_key,
+    write_statuses,
+)
 from sinks.provider_registry import register_receipt_formats
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -431,6 +437,27 @@ def test_status_compare_and_set_never_goes_backwards(redis_client: redis.Redis) 
     stored = orjson.loads(redis_client.hget(status_key(nid), "d-1"))  # type: ignore[arg-type]
     assert stored["state"] == "DELIVERED"
     assert 0 < redis_client.ttl(status_key(nid)) <= 30 * 24 * 3600
+
+
+@pytest.mark.integration
+def test_a_push_opened_before_its_answer_is_recorded_stays_read(redis_client: redis.Redis) -> None:
+    """A push's READ (the app's open) may reach the hot status before dispatch's answer for it:
+    it replaces PLANNED, and the late PROVIDER_ACCEPTED changes nothing, as the receipts fold
+    did when it held a premature open. An email's open still waits for its delivery (the receipts
+    fold holds it until then)."""
+    nid = f"n-{ids.notification_id('t', str(datetime.now(UTC)))}"
+
+    def put(delivery: str, state: str, channel: str) -> bool:
+        [ok] = write_statuses(redis_client, [StatusUpdate(nid, delivery, state, channel, "u", NOW)])
+        return ok
+
+    assert put("d-push", "PLANNED", "push") and put("d-push", "READ", "push")
+    assert not put("d-push", "PROVIDER_ACCEPTED", "push") and not put("d-push", "SENDING", "push")
+    assert put("d-email", "PLANNED", "email") and not put("d-email", "OPENED", "email")
+    stored = orjson.loads(redis_client.hget(status_key(nid), "d-push"))  # type: ignore[arg-type]
+    assert stored["state"] == "READ"
+    counts = {k.decode(): int(v) for k, v in redis_client.hgetall(counts_key(nid)).items()}
+    assert {k: v for k, v in counts.items() if v} == {"READ": 1, "PLANNED": 1}
 
 
 @pytest.mark.integration

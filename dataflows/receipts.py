@@ -359,10 +359,10 @@ def build_flow(
 # api/routes/tracking.py), which records READ on the topic with the delivery's whole context.
 # So the fold has nothing to join, hold or emit for a push; its events are written as they are
 # (the compare-and-set in Redis keeps the order and the generations, and an open that arrives
-# before the send's answer stays, herald.status_keys `status_sources`). The
-# job then keeps no state per push sent: before, it kept one for days per delivery from the
-# provider's answer on, and its timers and snapshots cost a little of a core per million
-# deliveries sent, for as long as they were kept.
+# before the send's answer stays, herald.status_keys `status_sources`). The job then keeps no
+# state per push sent: before, it kept one for days per delivery from the provider's answer
+# on, and its timers and snapshots cost a little of a core per million deliveries sent, for as
+# long as they were kept.
 _STATUS_ONLY = frozenset({"push"})
 
 

@@ -323,8 +323,8 @@ def _internal(raw: Mapping[str, Any], body: bytes) -> list[ReceiptEvent]:
     return [_internal_event(raw, item) for item in items]
 
 
-# The in-app inbox's reads; each webhook provider's format lives in its
-# folder (sinks/providers/<vendor>/receipts.py, its SPEC) and is registered by the receipts job.
+# The in-app inbox's reads; each webhook provider's format lives in its folder
+# (sinks/providers/<vendor>/receipts.py, its SPEC) and is registered by the receipts job.
 # A format names the reasons that say the address itself is dead (PROVIDERS.md §6, token_dead
 # column) and those that say the person wants no more marketing on that channel while the
 # address works (a marketing opt-out, sinks/consent.py, never a disabled address).

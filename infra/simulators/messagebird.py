@@ -171,4 +171,4 @@ class MessageBirdSimulator(Simulator):
                 "messagebird-request-timestamp": stamp,
                 "messagebird-signature": _sign(self.config.signing_key, stamp, body),
             }
-            self.poster.later(delay, url, body, headers, cfg.retries)
+            self.poster.later(delay, url, body, headers, cfg.retries, message=msg_id)

@@ -92,6 +92,7 @@ class CallbackPoster:
         self.stats = stats
         self._client: httpx.AsyncClient | None = None
         self._tasks: set[asyncio.Task[bool]] = set()
+        self._last: dict[str, asyncio.Task[bool]] = {}  # message -> its latest callback
 
     async def start(self) -> None:
         """Create the HTTP client (call inside the serving loop)."""
@@ -107,17 +108,39 @@ class CallbackPoster:
             await self._client.aclose()
 
     def later(
-        self, delay: float, url: str, content: bytes, headers: dict[str, str], retries: int
-    ) -> None:
-        """Post `content` to `url` after `delay` seconds."""
+        self, delay: float, url: str, content: bytes, headers: dict[str, str], retries: int,
+        message: str | None = None,
+    ) -> None:  # fmt: skip
+        """Post `content` to `url` after `delay` seconds; with `message`, also not before the
+        previous callback about that message was answered (or given up), so one message's
+        callbacks arrive in the order `plan` gave them: only the `out_of_order` fault reorders
+        them, not a slow first connection on a busy machine."""
         loop = asyncio.get_running_loop()
         self.stats.callbacks["scheduled"] += 1
-        loop.call_later(delay, self._spawn, url, content, headers, retries)
+        loop.call_later(delay, self._spawn, url, content, headers, retries, message)
 
-    def _spawn(self, url: str, content: bytes, headers: dict[str, str], retries: int) -> None:
-        task = asyncio.ensure_future(self.post(url, content, headers, retries))
+    def _spawn(
+        self, url: str, content: bytes, headers: dict[str, str], retries: int, message: str | None
+    ) -> None:
+        previous = self._last.get(message) if message is not None else None
+        task = asyncio.ensure_future(self._post_after(previous, url, content, headers, retries))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        if message is not None:
+            self._last[message] = task
+            task.add_done_callback(lambda done: self._forget(message, done))
+
+    def _forget(self, message: str, done: asyncio.Task[bool]) -> None:
+        if self._last.get(message) is done:
+            del self._last[message]
+
+    async def _post_after(
+        self, previous: asyncio.Task[bool] | None, url: str, content: bytes,
+        headers: dict[str, str], retries: int,
+    ) -> bool:  # fmt: skip
+        if previous is not None:
+            await asyncio.wait([previous])  # its outcome is its own: counted in stats
+        return await self.post(url, content, headers, retries)
 
     async def post(self, url: str, content: bytes, headers: dict[str, str], retries: int) -> bool:
         """POST now, retrying failures `retries` times with a short backoff."""

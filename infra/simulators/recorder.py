@@ -45,9 +45,14 @@ class RecordedRequest:
 class CallbackRecorder:
     """Records every POST it receives; `status` is what it answers (default 204)."""
 
-    def __init__(self, host: str = "127.0.0.1", status: int = 204) -> None:
+    def __init__(
+        self, host: str = "127.0.0.1", status: int = 204, slow_first_s: float = 0.0
+    ) -> None:
+        """`slow_first_s`: the first request is taken (recorded and answered) only after this
+        long, as by a receiver slow to accept a connection."""
         self.requests: list[RecordedRequest] = []
         self.status = status
+        self._slow_first_s = slow_first_s
         self._lock = threading.Lock()
         recorder = self
 
@@ -55,6 +60,10 @@ class CallbackRecorder:
             protocol_version = "HTTP/1.1"
 
             def do_POST(self) -> None:  # noqa: N802 - stdlib naming
+                with recorder._lock:
+                    slow, recorder._slow_first_s = recorder._slow_first_s, 0.0
+                if slow:
+                    time.sleep(slow)
                 length = int(self.headers.get("content-length") or 0)
                 body = self.rfile.read(length)
                 item = RecordedRequest(

@@ -234,4 +234,5 @@ class TwilioSimulator(Simulator):
                     f"{resource['sid']}:{status}".encode()
                 ).hexdigest(),
             }
-            self.poster.later(delay, url, urlencode(params).encode(), headers, cfg.retries)
+            self.poster.later(delay, url, urlencode(params).encode(), headers, cfg.retries,
+                              message=resource["sid"])  # fmt: skip

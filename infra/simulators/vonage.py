@@ -208,4 +208,5 @@ class VonageSimulator(Simulator):
                 body, ctype = orjson.dumps(dlr), "application/json"
             else:
                 body, ctype = urlencode(dlr).encode(), "application/x-www-form-urlencoded"
-            self.poster.later(delay, url, body, {"content-type": ctype}, cfg.retries)
+            self.poster.later(delay, url, body, {"content-type": ctype}, cfg.retries,
+                              message=message["message-id"])  # fmt: skip

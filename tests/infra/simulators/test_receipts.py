@@ -47,6 +47,19 @@ def test_twilio_status_callbacks_signed_in_order(
         )
 
 
+def test_one_messages_callbacks_stay_in_order_behind_a_slow_first_one(
+    sms_a: RunningSimulator,
+) -> None:
+    """The first callback is taken only after three step gaps: the second waits for its answer
+    instead of overtaking it (on a busy machine a first connection was once slower than the
+    gap, and "delivered" arrived before "sent")."""
+    sms_a.configure(receipts=FAST)
+    with CallbackRecorder(slow_first_s=3 * FAST["step_ms"] / 1000) as slow:  # type: ignore[operator]
+        twilio_send(sms_a, "+447700900101", callback=slow.url("/v1/callbacks/sms_a"))
+        got = slow.wait_for(2)
+    assert [r.form()["MessageStatus"] for r in got] == ["sent", "delivered"]
+
+
 def test_twilio_duplicated_and_out_of_order(
     sms_a: RunningSimulator, recorder: CallbackRecorder
 ) -> None:

@@ -145,16 +145,28 @@ def pid_alive(pid: int) -> bool:
 
 def kill_group(pid: int, timeout: float = 10.0) -> None:
     """SIGTERM the process group led by `pid`, then SIGKILL whatever is left after `timeout`."""
+    kill_groups([pid], timeout)
+
+
+def kill_groups(pids: Sequence[int], timeout: float = 10.0) -> None:
+    """`kill_group` for several groups at once: all are asked to stop together, so stopping
+    them takes as long as the slowest, not the sum (a stack's 20-odd jobs each take a second or
+    so to shut down)."""
+    alive = list(pids)
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, sig)
+        for pid in alive:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, sig)
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if not _group_alive(pid):
-                return
-            time.sleep(0.05)
-    if _group_alive(pid):
-        log.warning("process.unkillable pid=%s", pid)
+        while alive and time.monotonic() < deadline:
+            alive = [pid for pid in alive if _group_alive(pid)]
+            if alive:
+                time.sleep(0.05)
+        if not alive:
+            return
+    for pid in alive:
+        if _group_alive(pid):
+            log.warning("process.unkillable pid=%s", pid)
 
 
 def _group_alive(pgid: int) -> bool:
@@ -231,12 +243,7 @@ class ManagedProcess:
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop the process and its whole group; idempotent."""
-        if self.proc is None:
-            return
-        kill_group(self.proc.pid, timeout)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout=1)
-        log.info("process.stopped name=%s pid=%s rc=%s", self.name, self.proc.pid, self.proc.poll())
+        stop_all([self], timeout)
 
     def tail(self, lines: int = 20) -> str:
         """The last lines of the log, for error messages."""
@@ -244,3 +251,14 @@ class ManagedProcess:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return ""
+
+
+def stop_all(processes: Sequence[ManagedProcess], timeout: float = 10.0) -> None:
+    """Stop several processes and their groups together (`kill_groups`); idempotent."""
+    started = [p for p in processes if p.proc is not None]
+    kill_groups([p.proc.pid for p in started if p.proc is not None], timeout)
+    for p in started:
+        assert p.proc is not None
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p.proc.wait(timeout=1)
+        log.info("process.stopped name=%s pid=%s rc=%s", p.name, p.proc.pid, p.proc.poll())

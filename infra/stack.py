@@ -36,7 +36,14 @@ from typing import IO, Any
 
 from herald.config import ClickHouseSettings, KafkaSettings, RunSettings
 from herald.errors import AlreadyRunningError, InfraError
-from infra.process import ManagedProcess, free_port, kill_group, pid_alive, wait_until
+from infra.process import (
+    ManagedProcess,
+    free_port,
+    kill_groups,
+    pid_alive,
+    stop_all,
+    wait_until,
+)
 from infra.services import SERVICES, Component, Ctx, jobs, nice_of
 
 log = logging.getLogger(__name__)
@@ -152,13 +159,18 @@ class Stack:
             signal.signal(sig, lambda *_: self.request_stop())
 
     def stop(self) -> None:
-        """Stop jobs, then services, release the lock and remove the state file. Idempotent."""
-        for name in list(self.spares):
-            self.spares.pop(name).stop(timeout=2)
-        for name in reversed(list(self.running)):
-            running = self.running.pop(name)
-            self.on_event(f"stopping {name}")
-            running.process.stop()
+        """Stop jobs, then services, release the lock and remove the state file. Idempotent.
+
+        The jobs stop together (each needs a second or so to shut down; one after the other a
+        stack took 30-40 s to stop on a busy machine), then the services they used, together."""
+        stop_all([self.spares.pop(name) for name in list(self.spares)], timeout=2)
+        stopping = [self.running.pop(name) for name in reversed(list(self.running))]
+        jobs = [r for r in stopping if r.component.kind != "service"]
+        services = [r for r in stopping if r.component.kind == "service"]
+        for batch in (jobs, services):
+            for running in batch:
+                self.on_event(f"stopping {running.component.name}")
+            stop_all([r.process for r in batch])
         with contextlib.suppress(FileNotFoundError):
             (self.run_dir / STATE_FILE).unlink()
         self._release_lock()
@@ -394,9 +406,8 @@ def stop_stack(run_dir: Path, timeout: float = 60.0) -> bool:
         with contextlib.suppress(TimeoutError):
             wait_until(lambda: not pid_alive(supervisor), timeout, what="supervisor to stop")
     # A supervisor killed with SIGKILL leaves its components: stop them directly.
-    for info in state["components"].values():
-        if info.get("pid") and pid_alive(int(info["pid"])):
-            kill_group(int(info["pid"]))
+    pids = [int(info["pid"]) for info in state["components"].values() if info.get("pid")]
+    kill_groups([pid for pid in pids if pid_alive(pid)])
     with contextlib.suppress(FileNotFoundError):
         (run_dir / STATE_FILE).unlink()
     return True

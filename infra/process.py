@@ -150,8 +150,7 @@ def kill_group(pid: int, timeout: float = 10.0) -> None:
 
 def kill_groups(pids: Sequence[int], timeout: float = 10.0) -> None:
     """`kill_group` for several groups at once: all are asked to stop together, so stopping
-    them takes as long as the slowest, not the sum (a stack's 20-odd jobs each take a second or
-    so to shut down)."""
+    them takes as long as the slowest, not the sum."""
     alive = list(pids)
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pid in alive:

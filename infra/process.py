@@ -254,10 +254,9 @@ class ManagedProcess:
 
 def stop_all(processes: Sequence[ManagedProcess], timeout: float = 10.0) -> None:
     """Stop several processes and their groups together (`kill_groups`); idempotent."""
-    started = [p for p in processes if p.proc is not None]
-    kill_groups([p.proc.pid for p in started if p.proc is not None], timeout)
-    for p in started:
-        assert p.proc is not None
+    started = [(p.name, p.proc) for p in processes if p.proc is not None]
+    kill_groups([proc.pid for _name, proc in started], timeout)
+    for name, proc in started:
         with contextlib.suppress(subprocess.TimeoutExpired):
-            p.proc.wait(timeout=1)
-        log.info("process.stopped name=%s pid=%s rc=%s", p.name, p.proc.pid, p.proc.poll())
+            proc.wait(timeout=1)
+        log.info("process.stopped name=%s pid=%s rc=%s", name, proc.pid, proc.poll())

@@ -167,9 +167,9 @@ class Stack:
         connected)."""
         stop_all([self.spares.pop(name) for name in list(self.spares)], timeout=2)
         stopping = [self.running.pop(name) for name in reversed(list(self.running))]
-        jobs = [r for r in stopping if r.component.kind != "service"]
+        own = [r for r in stopping if r.component.kind != "service"]  # jobs, API, simulators
         services = [r for r in stopping if r.component.kind == "service"]
-        for batch in (jobs, services):
+        for batch in (own, services):
             for running in batch:
                 self.on_event(f"stopping {running.component.name}")
             stop_all([r.process for r in batch])

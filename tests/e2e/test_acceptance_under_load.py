@@ -1,8 +1,10 @@
-"""Seed 001 acceptance, under load: a bulk flood must not slow OTPs; a killed transactional
-worker loses no accepted OTP.
+"""Seed 001 acceptance, under load: a bulk flood must not slow OTPs.
 
-Both on the full stack from the API (tests/e2e/conftest.py), measured at the provider
-simulators' request log (when each message reached the provider).
+On the full stack from the API (tests/e2e/conftest.py), measured at the provider simulators'
+request log (when each message reached the provider). Seed 001's other scenario under load, a
+killed transactional worker losing no accepted OTP, is part of the fault injection run
+(tests/e2e_faults: every process kind killed under OTP load, the dispatch and plan jobs of
+transactional traffic among them, on a stack of its own).
 """
 
 from __future__ import annotations
@@ -14,12 +16,10 @@ import uuid
 import pytest
 
 from herald.topics import DELIVERY_EVENTS
-from infra.process import port_open
 from infra.stackclient import StackClient
 from tests.dataflows.helpers import consume, decoder
 from tests.e2e._helpers import (
     REACHED,
-    TERMINAL,
     UserPool,
     ensure_push_audience,
     insert_segment,
@@ -44,7 +44,6 @@ BURST_S = 0.1  # RateModel.burst_s default: the bucket holds rate x 0.1 s
 # granted in any second. 934 against 881 was the worst seen in CI runs, about 70 ms.
 ARRIVAL_JITTER_S = 0.1
 PROBE_USERS = 200
-PENDING_TTL_S = 60.0  # DispatchSettings.pending_ttl_s default
 DRAIN_WINDOW_S = 900.0  # seed 001: the bulk backlog is digested within 15 minutes
 
 
@@ -101,16 +100,6 @@ def _campaign_sending(client: StackClient, nid: str, expected: int) -> list[floa
         if len(granted) >= expected or time.monotonic() > deadline:
             return list(granted.values())
         time.sleep(1.0)
-
-
-def _wait_serving(e2e: E2EStack, job: str, timeout: float = 240) -> None:
-    """Until the restarted job has built its dataflow (its /metrics port answers): the time a
-    Bytewax process takes to start is the supervisor's, not the worker's take-over."""
-    port = e2e.client.refresh_state()["ports"][f"metrics_{job}"]
-    deadline = time.monotonic() + timeout
-    while not port_open("127.0.0.1", port):
-        assert time.monotonic() < deadline, f"{job} did not come back within {timeout:.0f}s"
-        time.sleep(0.2)
 
 
 @pytest.mark.timeout(1500)
@@ -185,52 +174,3 @@ def test_bulk_flood_does_not_slow_otps_and_provider_rate_holds(
     assert max_window_count(sending, 5.0) <= FCM_RATE * (5.0 + BURST_S) + 1
     assert busiest <= FCM_RATE * (1.0 + BURST_S + ARRIVAL_JITTER_S) + 1
     assert max_window_count(fcm_times, 5.0) <= FCM_RATE * (5.0 + BURST_S + ARRIVAL_JITTER_S) + 1
-
-
-@pytest.mark.timeout(600)
-def test_killed_transactional_worker_loses_no_accepted_otp(e2e: E2EStack, pool: UserPool) -> None:
-    """SIGKILL dispatch_transactional mid-stream: after the supervisor restarts it, every
-    202-accepted OTP reaches the provider (or a terminal state); copies a provider saw twice
-    are counted and may only come from the crash window."""
-    client = e2e.client
-    tag = uuid.uuid4().hex[:8]
-    users = pool.take(30)
-    for name in ("sms_a", "sms_b"):
-        client.sim(name).reset()
-
-    nids: dict[str, str] = {}
-    sent_after_restart: dict[str, float] = {}
-    killed_at = 0.0
-    for i, (user, phone) in enumerate(users.items()):
-        if i == 10:
-            old = client.kill("dispatch_transactional")
-            killed_at = time.time()
-        if i == 20:
-            client.wait_restarted("dispatch_transactional", old, timeout=60)
-            _wait_serving(e2e, "dispatch_transactional")
-        nids[phone] = client.send(otp_body(f"kill-{tag}-{i}", user))
-        if i >= 20:
-            sent_after_restart[phone] = time.time()
-        time.sleep(0.2)
-
-    done = wait_all(client, nids.values(), "sms", REACHED | TERMINAL, timeout=180)
-    lost = {p: n for p, n in nids.items() if n not in done}
-    assert not lost, f"accepted OTPs lost after the worker was killed: {lost}"
-    states = {d["state"] for d in done.values()}
-    assert states <= REACHED, f"OTPs ended without reaching a provider: {states}"
-
-    log = [(t, a) for t, a, o in sim_log(client, "sms_a") + sim_log(client, "sms_b")
-           if o == "accepted" and a in nids]  # fmt: skip
-    copies: dict[str, list[float]] = {}
-    for t, address in sorted(log):
-        copies.setdefault(address, []).append(t)  # type: ignore[arg-type]
-    duplicates = {a: ts for a, ts in copies.items() if len(ts) > 1}
-    print(f"\nworker kill: {len(nids)} OTPs, 0 lost, {len(duplicates)} duplicated")
-    for times in duplicates.values():
-        # a second copy only for a message that was in flight when the worker died
-        assert killed_at - 10 <= times[0] <= killed_at + 1, (times, killed_at)
-    # the restarted worker takes the work over: OTPs sent once it serves again reach the
-    # provider within one PENDING guard TTL (the bound of the documented crash window)
-    late = [copies[p][0] - t for p, t in sent_after_restart.items()]
-    print(f"after the restart: OTP 202 -> provider max {max(late):.2f}s")
-    assert max(late) < PENDING_TTL_S, f"OTPs after the restart took {max(late):.1f}s"

@@ -166,6 +166,7 @@ _SLOWEST_FIRST = (
     "tests/dataflows/test_plan.py",  # 35
     "tests/dataflows/test_users.py",  # 35
     "tests/dataflows/test_receipts.py",  # 34
+    "tests/dataflows/test_acceptance_dst.py",  # 32 (on the end-to-end stack until 2026-12-04)
     "tests/dataflows/test_schedule.py",  # 26
     "tests/infra/test_replay.py",  # 25
     "tests/dataflows/test_dispatch.py",  # 21

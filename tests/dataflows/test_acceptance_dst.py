@@ -6,8 +6,9 @@ that does not exist that day (spring forward) moves to the end of the gap; one t
 (fall back) is used at its first occurrence only. The plan job computes a user's release with
 `local_send_at`; here the same function computes it for two DST days, and the held deliveries
 go through real schedule jobs whose clocks (HERALD_PLANNING_CLOCK_OFFSET_SECONDS, the test-only
-offset) stand 20 s before the computed instants, on the stack's Kafka under their own topic
-prefixes. The release is read back from the deliveries topic with its broker timestamp.
+offset) stand 20 s before the computed instants, on the test session's Kafka under their own
+topic prefixes. The release is read back from the deliveries topic with its broker timestamp.
+It needs Kafka and the schedule job only, so it runs in the parallel lane, not on a whole stack.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ from herald.scheduling import local_send_at
 from infra.topics import create_topics
 from tests.conftest import child_env
 from tests.dataflows.jobs import Job, read_timed, send
-from tests.e2e._stack import E2EStack
 from tests.schemas.examples import example
 
 NEW_YORK = "America/New_York"
@@ -49,8 +49,7 @@ CASES = [
 ]
 
 
-def _settings(e2e: E2EStack, tmp: Path, name: str) -> HeraldSettings:
-    base = e2e.client.settings()
+def _settings(base: HeraldSettings, tmp: Path, name: str) -> HeraldSettings:
     kafka = base.kafka.model_copy(update={"topic_prefix": f"dst{name}{uuid.uuid4().hex[:6]}."})
     create_topics(kafka)
     return base.model_copy(
@@ -65,7 +64,9 @@ def _held(delivery_id: str, not_before: datetime) -> dict[str, Any]:
 
 
 @pytest.mark.timeout(600)
-def test_local_time_release_across_dst_gap_and_overlap(e2e: E2EStack, tmp_path: Path) -> None:
+def test_local_time_release_across_dst_gap_and_overlap(
+    settings: HeraldSettings, tmp_path: Path
+) -> None:
     # the rule, as the plan job applies it
     for _, planned_at, wall, documented in CASES:
         assert local_send_at(planned_at, None, wall, NEW_YORK) == documented
@@ -76,25 +77,25 @@ def test_local_time_release_across_dst_gap_and_overlap(e2e: E2EStack, tmp_path: 
     runs = []
     try:
         for name, _, _, documented in CASES:
-            settings = _settings(e2e, tmp_path, name)
+            case = _settings(settings, tmp_path, name)
             did = str(uuid.uuid4())
-            send(settings, "herald.scheduled", [_held(did, documented)], key="delivery_id")
+            send(case, "herald.scheduled", [_held(did, documented)], key="delivery_id")
             offset = (documented - timedelta(seconds=LEAD_S) - datetime.now(UTC)).total_seconds()
             env = {
                 **os.environ,
-                **child_env(settings),
+                **child_env(case),
                 "HERALD_PLANNING_CLOCK_OFFSET_SECONDS": str(offset),
                 "HERALD_PLANNING_SCHEDULE_JITTER_SECONDS": str(JITTER_S),
             }
             job = Job(env, tmp_path / f"schedule-{name}.log", "dataflows.schedule:build_flow()")
-            runs.append((name, settings, did, documented, offset, job))
+            runs.append((name, case, did, documented, offset, job))
 
         deadline = time.monotonic() + LEAD_S + START_S
         released: dict[str, list[datetime]] = {}
         while time.monotonic() < deadline and len(released) < len(runs):
-            for name, settings, did, _, offset, job in runs:
+            for name, case, did, _, offset, job in runs:
                 assert job.running(), job.output()[-3000:]
-                stamps = [s for s, d in read_timed(settings, EMAIL_BULK) if d["delivery_id"] == did]
+                stamps = [s for s, d in read_timed(case, EMAIL_BULK) if d["delivery_id"] == did]
                 if stamps:
                     released[name] = [s + timedelta(seconds=offset) for s in stamps]
             time.sleep(1)
@@ -104,9 +105,9 @@ def test_local_time_release_across_dst_gap_and_overlap(e2e: E2EStack, tmp_path: 
             window_end = documented + timedelta(seconds=JITTER_S + 1)
             while datetime.now(UTC) + timedelta(seconds=offset) < window_end:
                 time.sleep(0.2)
-        for name, settings, did, documented, offset, _ in runs:
+        for name, case, did, documented, offset, _ in runs:
             assert name in released, f"{name}: never released; {runs[0][-1].output()[-2000:]}"
-            stamps = [s for s, d in read_timed(settings, EMAIL_BULK) if d["delivery_id"] == did]
+            stamps = [s for s, d in read_timed(case, EMAIL_BULK) if d["delivery_id"] == did]
             assert len(stamps) == 1, f"{name}: released {len(stamps)} times"
             job_time = stamps[0] + timedelta(seconds=offset)
             late = (job_time - documented).total_seconds()

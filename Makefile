@@ -43,14 +43,17 @@ run: install
 #  1. everything but the whole stacks, on six pytest-xdist workers (by module, slowest modules
 #     first: they mostly wait on the processes they start; lane 1 alone took 217 s on four
 #     workers, 176 s on six and 170 s on eight, which cost 9 % more CPU than six), alone;
-#  2. then the tests that start a whole stack of their own (fault injection, the demo, two
-#     processes per job), one at a time, output in .herald/test-own-stacks.log;
-#  3. beside lane 2, the end-to-end package on its shared stack.
+#  2. then the tests that start a whole stack of their own (fault injection; two processes per
+#     job running the demo), one at a time, output in .herald/test-own-stacks.log;
+#  3. beside lane 2, the end-to-end package on its shared stack. Lane 2 waits until that stack
+#     is up with its users (.herald/e2e-stack-ready, or lane 3 ended): two stacks starting at once
+#     on two cores each took twice as long, and lane 3 is the longer lane.
 #     Lanes 1 and 2 each keep the machine busy, lane 3 mostly waits on the stack's timers: side
 #     by side, lane 1 took twice as long as alone, while lane 3 alone used a third of the cores.
 #     All three at once took 550-900 s and failed six of eight fresh-clone runs.
 # Lane 2 is printed at the end. Ctrl-C stops every lane (tests/conftest.py `pytest_configure`:
-# a background job starts with SIGINT ignored); after a stopped lane 1 no other lane starts.
+# a background job starts with SIGINT ignored; a lane 2 still waiting is killed); after a
+# stopped lane 1 no other lane starts.
 test: install
 	@mkdir -p .herald; \
 	$(BIN)/python -m pytest -m "not whole_stack" -n 6 --dist loadfile --no-loadscope-reorder; \
@@ -59,9 +62,13 @@ test: install
 		echo "make test: lane 1 was stopped (Ctrl-C or a collection error): no other lane"; \
 		exit 2; \
 	fi; \
-	$(BIN)/python -m pytest -m whole_stack --ignore=tests/e2e -p no:xdist \
-		--basetemp=.herald/pytest-own-stacks >.herald/test-own-stacks.log 2>&1 & own=$$!; \
-	$(BIN)/python -m pytest tests/e2e -p no:xdist --basetemp=.herald/pytest-e2e; shared=$$?; \
+	ready=.herald/e2e-stack-ready; rm -f $$ready; \
+	{ for i in $$(seq 1200); do [ -e $$ready ] && break; sleep 0.5; done; \
+	  $(BIN)/python -m pytest -m whole_stack --ignore=tests/e2e -p no:xdist \
+		--basetemp=.herald/pytest-own-stacks; } >.herald/test-own-stacks.log 2>&1 & own=$$!; \
+	HERALD_TEST_E2E_READY_FILE=$$ready $(BIN)/python -m pytest tests/e2e -p no:xdist \
+		--basetemp=.herald/pytest-e2e; shared=$$?; \
+	if [ $$shared -eq 2 ] && [ ! -e $$ready ]; then kill $$own 2>/dev/null; fi; touch $$ready; \
 	wait $$own; stacks=$$?; \
 	echo "== the whole-stack tests with stacks of their own (ran beside the end-to-end lane)"; \
 	cat .herald/test-own-stacks.log; \

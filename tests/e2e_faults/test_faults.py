@@ -11,9 +11,10 @@ and its outcome is held to the guarantees of README "Guarantees":
   can open: at most the OTPs in flight at such a kill;
 - bulk is at most once per delivery: no duplicates at all;
 - the supervisor restarted every killed component and each became healthy again;
-- a duplicated OTP was in flight at such a kill (POSTed at most 10 s before it), and every OTP
-  POSTed in a kill's slot reached a provider within one PENDING guard TTL (seed 001: a killed
-  transactional worker is taken over and loses no accepted OTP).
+- a duplicated OTP was in flight at such a kill (answered 202 at most 20 s before it, POSTed
+  by a second after it), and every OTP POSTed in a kill's slot reached a provider within one
+  PENDING guard TTL (seed 001: a killed transactional worker is taken over and loses no
+  accepted OTP).
 
 The test kills one process of every kind, one after the other (26 kills: the API, every Bytewax
 job, the dashboards, every provider simulator, Redis), the same sequence as `python -m

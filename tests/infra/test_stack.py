@@ -31,9 +31,6 @@ def herald(*args: str, run_dir: Path, timeout: float = 240) -> subprocess.Comple
     )
 
 
-DEV_KEY = {"X-API-Key": "hk_dev_local_do_not_use_in_production"}  # tests/infra/test_scaleout.py
-
-
 def test_second_start_is_refused_and_stop_leaves_nothing(tmp_path: Path) -> None:
     stack = Stack(tmp_path, services=CORE_SERVICES[:2], jobs=[])  # kafka, redis
     ctx = stack.start()

@@ -7,9 +7,9 @@ import os
 import threading
 
 import bytewax.operators as op
-from bytewax.connectors.stdio import StdOutSink
 from bytewax.dataflow import Dataflow
 from bytewax.inputs import DynamicSource, StatelessSourcePartition
+from bytewax.outputs import DynamicSink, StatelessSinkPartition
 
 from sources.consumer import keep_thread_state
 
@@ -40,5 +40,23 @@ class _Source(DynamicSource[str]):
         return _Counting(worker_index)
 
 
+_print_lock = threading.Lock()
+
+
+class _Lines(StatelessSinkPartition[str]):
+    """One whole line per item: Bytewax's StdOutSink prints from both workers at once, and
+    `print` writes the text and its newline apart, so two workers' lines could run together."""
+
+    def write_batch(self, items: list[str]) -> None:
+        with _print_lock:
+            for item in items:
+                print(item, flush=True)
+
+
+class _Sink(DynamicSink[str]):
+    def build(self, step_id: str, worker_index: int, worker_count: int) -> _Lines:
+        return _Lines()
+
+
 flow = Dataflow("thread_state")
-op.output("out", op.input("in", flow, _Source()), StdOutSink())
+op.output("out", op.input("in", flow, _Source()), _Sink())

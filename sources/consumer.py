@@ -2,6 +2,7 @@
 
     feed = worker_consumer(config).attach(TopicPartition(topic, partition, start))
     feed.take(n, may_block=True) -> list[Message]                    records and partition events
+    feed.ripe(n, linger_s) -> bool               a lingering partition: take now (n held, or waited)
     feed.close()
 
 Why: Bytewax calls `next_batch` on each source partition separately, and each partition used
@@ -220,6 +221,8 @@ class Feed:
         self.shared = shared
         self.ident = ident
         self.buffer: deque[Message] = deque()
+        # When the oldest message of a lingering partition's buffer came (`ripe`); None: empty.
+        self.since: float | None = None
 
     def take(self, max_messages: int, may_block: bool = True) -> list[Message]:
         """Up to `max_messages` of this partition's messages (records and partition events).
@@ -228,18 +231,7 @@ class Feed:
         only if `may_block` and the worker is idle at the start of an activation.
         """
         if not self.buffer:
-            started = time.monotonic()
-            block = (
-                may_block
-                and _local.idle
-                and started - _local.last_block > SAME_ACTIVATION_S
-                and self.shared is _primary()
-                and not any(c.buffered() for c in _local.consumers.values())
-            )
-            read = self.shared.fill(max_messages, IDLE_BLOCK_S if block else 0.0)
-            _local.idle = read == 0
-            if block:
-                _local.last_block = time.monotonic()
+            self._fill(max_messages, may_block)
         buf = self.buffer
         n = min(max_messages, len(buf))
         out = [buf.popleft() for _ in range(n)]
@@ -247,6 +239,37 @@ class Feed:
             _local.idle = False
             self.shared.resume_if_drained(self)
         return out
+
+    def ripe(self, max_messages: int, linger_s: float, may_block: bool = True) -> bool:
+        """Whether a lingering partition should take its buffer now: once it holds
+        `max_messages`, or once its oldest message has waited `linger_s` (`since`). Tops the
+        buffer up without blocking while it holds anything; polls as `take` does when empty."""
+        if len(self.buffer) < max_messages:
+            self._fill(max_messages, may_block and not self.buffer)
+        if not self.buffer:
+            self.since = None
+            return False
+        now = time.monotonic()
+        if self.since is None:
+            self.since = now
+        if len(self.buffer) >= max_messages or now - self.since >= linger_s:
+            self.since = None
+            return True
+        return False
+
+    def _fill(self, max_messages: int, may_block: bool) -> None:
+        started = time.monotonic()
+        block = (
+            may_block
+            and _local.idle
+            and started - _local.last_block > SAME_ACTIVATION_S
+            and self.shared is _primary()
+            and not any(c.buffered() for c in _local.consumers.values())
+        )
+        read = self.shared.fill(max_messages, IDLE_BLOCK_S if block else 0.0)
+        _local.idle = read == 0
+        if block:
+            _local.last_block = time.monotonic()
 
     def close(self) -> None:
         """Stop reading this partition (the consumer closes with its last feed)."""

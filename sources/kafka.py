@@ -22,6 +22,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, cast
 
 import bytewax.operators as op
@@ -92,9 +93,13 @@ class KafkaSource(FixedPartitionedSource[KafkaMessage, int | None]):
     """Read physical `topics`; every topic-partition is a Bytewax partition.
 
     `start_at` applies when a partition has no snapshot yet. `batch_size` bounds one
-    `next_batch`. `stop_at_end` ends each partition at its end as seen by the consumer (tests,
-    bounded replays). `consumer_config` overrides `consumer_config(kafka)`; partitions of sources
-    with the same configuration on one worker share one consumer (sources/consumer.py).
+    `next_batch`. `linger_s` > 0 holds a partition's records until it has `batch_size` of them
+    or its oldest has waited `linger_s`: fewer, larger batches for a sink with a cost per batch
+    (the warehouse's ClickHouse inserts); records held are not read yet as far as the
+    snapshot goes, so a restart reads them again. `stop_at_end` ends each partition at its end
+    as seen by the consumer (tests, bounded replays; it never lingers). `consumer_config`
+    overrides `consumer_config(kafka)`; partitions of sources with the same configuration on
+    one worker share one consumer (sources/consumer.py).
     """
 
     def __init__(
@@ -104,15 +109,19 @@ class KafkaSource(FixedPartitionedSource[KafkaMessage, int | None]):
         *,
         start_at: StartAt = "earliest",
         batch_size: int = 1000,
+        linger_s: float = 0.0,
         stop_at_end: bool = False,
         consumer_config: dict[str, str | int | bool] | None = None,
     ) -> None:
         if isinstance(topics, str) or not topics:
             raise ValueError("topics must be a non-empty sequence of topic names")
+        if linger_s < 0:
+            raise ValueError(f"linger_s must be >= 0, got {linger_s}")
         self.kafka = kafka
         self.topics = list(topics)
         self.start_at = start_at
         self.batch_size = batch_size
+        self.linger_s = 0.0 if stop_at_end else linger_s
         self.stop_at_end = stop_at_end
         self.consumer_config = consumer_config or {}
 
@@ -161,6 +170,7 @@ class KafkaPartition(StatefulSourcePartition[KafkaMessage, int | None]):
         # Next offset to read; None until known (logical start, nothing read yet).
         self._next: int | None = start if start >= 0 else None
         self._batch_size = source.batch_size
+        self._linger_s = source.linger_s
         self._stop_at_end = source.stop_at_end
         self._eof = False
         # False while the caller has other work pending (a wrapping source): never block.
@@ -181,6 +191,9 @@ class KafkaPartition(StatefulSourcePartition[KafkaMessage, int | None]):
         is idle (sources/consumer.py)."""
         if self._eof:
             raise StopIteration
+        if self._linger_s and not self._feed.ripe(self._batch_size, self._linger_s,
+                                                  self.may_block):  # fmt: skip
+            return []
         msgs = self._feed.take(self._batch_size, self.may_block)
         batch = [self._message(m) for m in msgs if m.error() is None]
         if len(batch) < len(msgs):
@@ -217,10 +230,15 @@ class KafkaPartition(StatefulSourcePartition[KafkaMessage, int | None]):
             headers=_headers(msg),
         )
 
-    def next_awake(self) -> None:
+    def next_awake(self) -> datetime | None:
         """Bytewax's default: at once after records, after its 1 ms cooldown after none (an
-        idle worker then waits in the shared consumer's poll, not in Bytewax's loop)."""
-        return None
+        idle worker then waits in the shared consumer's poll, not in Bytewax's loop); a
+        lingering partition holding records: when its oldest has waited `linger_s`."""
+        since = self._feed.since
+        if not self._linger_s or since is None:
+            return None
+        left = since + self._linger_s - time.monotonic()
+        return datetime.now(UTC) + timedelta(seconds=max(left, 0.0))
 
     def snapshot(self) -> int | None:
         """The next offset to read (None: nothing read yet, start from `start_at` again)."""

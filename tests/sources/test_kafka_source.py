@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -140,3 +141,58 @@ def test_partition_ends_reads_past_the_brokers_watermark(settings: HeraldSetting
         consumer.close()
     assert ends == {0: 15}
     assert high <= 15  # 11 on Tansu 0.6; a broker that reports 15 needs no reading
+
+
+def test_a_lingering_partition_holds_its_records_until_its_batch_or_its_linger(
+    settings: HeraldSettings,
+) -> None:
+    """The warehouse's source (dataflows/warehouse.py): a partition gives its records in one
+    batch once its oldest has waited `linger_s` (and tells Bytewax when to wake for them), or
+    at once when it holds `batch_size`."""
+    topic = settings.kafka.topic(TOPIC)
+    producer = Producer({**settings.kafka.client_config(), "acks": "all"})
+    for n in range(5):
+        producer.produce(topic, f"slow-{n}".encode(), partition=1)
+    for n in range(5):
+        producer.produce(topic, f"full-{n}".encode(), partition=2)
+    assert producer.flush(30) == 0
+
+    def batches(part: Any, want: int) -> tuple[list[list[bytes]], float | None, list[float]]:
+        """Call it as Bytewax does until `want` records came: the non-empty batches, seconds
+        from the first call that held records to the batch, and each wake-up asked for."""
+        out: list[list[bytes]] = []
+        held_at: float | None = None
+        waits: list[float] = []
+        deadline = time.monotonic() + 30
+        while sum(map(len, out)) < want:
+            assert time.monotonic() < deadline, out
+            batch = part.next_batch()
+            if batch:
+                out.append([m.value for m in batch])
+                continue
+            awake = part.next_awake()
+            if awake is not None:
+                held_at = held_at or time.monotonic()
+                waits.append((awake - datetime.now(UTC)).total_seconds())
+        took = None if held_at is None else time.monotonic() - held_at
+        return out, took, waits
+
+    slow = KafkaSource(settings.kafka, [topic], batch_size=100, linger_s=0.5)
+    part = slow.build_part("linger-slow", f"1-{topic}", None)
+    try:
+        got, took, waits = batches(part, 5)
+    finally:
+        part.close()
+    assert got == [[f"slow-{n}".encode() for n in range(5)]]  # one batch, in order
+    assert took is not None and 0.4 <= took < 5
+    assert waits and all(0 <= w <= 0.5 for w in waits)  # Bytewax wakes it for them
+
+    full = KafkaSource(settings.kafka, [topic], batch_size=5, linger_s=60)
+    part = full.build_part("linger-full", f"2-{topic}", None)
+    started = time.monotonic()
+    try:
+        got, _took, _waits = batches(part, 5)
+    finally:
+        part.close()
+    assert got == [[f"full-{n}".encode() for n in range(5)]]
+    assert time.monotonic() - started < 10  # not the 60 s linger: its batch was full

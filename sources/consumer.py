@@ -213,6 +213,10 @@ class SharedConsumer:
         """Whether any feed holds records not taken yet."""
         return any(f.buffer for f in self._feeds.values())
 
+    def lingering_since(self) -> float | None:
+        """When the oldest message held by a lingering feed came (`Feed.ripe`); None: none is."""
+        return min((f.since for f in self._feeds.values() if f.since is not None), default=None)
+
 
 class Feed:
     """One topic-partition's view of a shared consumer."""

@@ -232,10 +232,15 @@ class KafkaPartition(StatefulSourcePartition[KafkaMessage, int | None]):
 
     def next_awake(self) -> datetime | None:
         """Bytewax's default: at once after records, after its 1 ms cooldown after none (an
-        idle worker then waits in the shared consumer's poll, not in Bytewax's loop); a
-        lingering partition holding records: when its oldest has waited `linger_s`."""
-        since = self._feed.since
-        if not self._linger_s or since is None:
+        idle worker then waits in the shared consumer's poll, not in Bytewax's loop).
+
+        A lingering source's partitions, while one of them holds records: when the oldest has
+        waited `linger_s`. (The empty ones too: a worker whose feeds hold records never
+        blocks in the poll, so they would otherwise be called every 1 ms until then.)"""
+        if not self._linger_s:
+            return None
+        since = self._feed.shared.lingering_since()
+        if since is None:
             return None
         left = since + self._linger_s - time.monotonic()
         return datetime.now(UTC) + timedelta(seconds=max(left, 0.0))

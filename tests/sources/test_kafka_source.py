@@ -157,9 +157,12 @@ def test_a_lingering_partition_holds_its_records_until_its_batch_or_its_linger(
         producer.produce(topic, f"full-{n}".encode(), partition=2)
     assert producer.flush(30) == 0
 
-    def batches(part: Any, want: int) -> tuple[list[list[bytes]], float | None, list[float]]:
+    def batches(
+        part: Any, want: int, other: Any = None
+    ) -> tuple[list[list[bytes]], float | None, list[float]]:
         """Call it as Bytewax does until `want` records came: the non-empty batches, seconds
-        from the first call that held records to the batch, and each wake-up asked for."""
+        from the first call that held records to the batch, and each wake-up asked for (the
+        `other` partition of the source asks for the same one)."""
         out: list[list[bytes]] = []
         held_at: float | None = None
         waits: list[float] = []
@@ -174,15 +177,23 @@ def test_a_lingering_partition_holds_its_records_until_its_batch_or_its_linger(
             if awake is not None:
                 held_at = held_at or time.monotonic()
                 waits.append((awake - datetime.now(UTC)).total_seconds())
+                if other is not None:
+                    assert abs((other.next_awake() - awake).total_seconds()) < 0.05
         took = None if held_at is None else time.monotonic() - held_at
         return out, took, waits
 
     slow = KafkaSource(settings.kafka, [topic], batch_size=100, linger_s=0.5)
     part = slow.build_part("linger-slow", f"1-{topic}", None)
+    empty = slow.build_part("linger-slow", f"3-{topic}", None)  # same worker, nothing to read
     try:
-        got, took, waits = batches(part, 5)
+        assert empty.next_batch() == [] and empty.next_awake() is None
+        # while one partition holds records, the empty one sleeps until they are due (not
+        # Bytewax's 1 ms cooldown), and neither does once they were given
+        got, took, waits = batches(part, 5, other=empty)
+        assert part.next_awake() is None and empty.next_awake() is None
     finally:
         part.close()
+        empty.close()
     assert got == [[f"slow-{n}".encode() for n in range(5)]]  # one batch, in order
     assert took is not None and 0.4 <= took < 5
     assert waits and all(0 <= w <= 0.5 for w in waits)  # Bytewax wakes it for them

@@ -39,9 +39,11 @@ def ms(value: datetime) -> int:
     return int(value.timestamp() * 1000)
 
 
-def produce_events(settings: HeraldSettings, tenant: str, at: datetime) -> int:
+def produce_events(
+    settings: HeraldSettings, tenant: str, at: datetime, t0: datetime | None = None
+) -> int:
     encode = encoder(settings, "herald.delivery-events")
-    events = scenario(tenant)
+    events = scenario(tenant, t0)
     records = [(e["delivery_id"].encode(), encode(e), ms(at)) for e in events]
     produce_at(settings, "herald.delivery-events", records)
     return len(events)
@@ -60,6 +62,21 @@ def counts(settings: HeraldSettings, tenant: str, now: datetime | None = None) -
         return {"rows": rows, **panels}
     finally:
         client.close()
+
+
+def loaded_times(settings: HeraldSettings, tenant: str) -> dict[str, tuple[datetime, datetime]]:
+    """event_id -> (occurred_at, recorded_at) of the tenant's rows in ClickHouse."""
+    client = herald_client(settings.clickhouse)
+    try:
+        rows = client.query(
+            "SELECT event_id, occurred_at, recorded_at FROM delivery_events FINAL"
+            " WHERE tenant_id = {t:String}",
+            parameters={"t": tenant},
+        ).result_rows
+    finally:
+        client.close()
+    utc = [(e, *(t if t.tzinfo else t.replace(tzinfo=UTC) for t in ts)) for e, *ts in rows]
+    return {e: (o, r) for e, o, r in utc}
 
 
 def test_parse_time() -> None:
@@ -180,7 +197,8 @@ def test_warehouse_job_loads_every_event_and_replays_change_nothing(
     from infra.process import free_port
 
     tenant = f"t-{uuid.uuid4().hex[:8]}"
-    n = produce_events(settings, tenant, now)
+    t0 = now.replace(second=0, microsecond=0) - timedelta(minutes=10)
+    n = produce_events(settings, tenant, now, t0)
     port = free_port("127.0.0.1")
     env = {**subprocess_env, "HERALD_METRICS_PORT": str(port)}
     recovery = tmp_path / "warehouse"
@@ -191,6 +209,9 @@ def test_warehouse_job_loads_every_event_and_replays_change_nothing(
     )
     try:
         wait_for(lambda: counts(settings, tenant)["rows"] == n)
+        # the job loads the timestamps as the epoch milliseconds it read: the same instants
+        want = {e["event_id"]: (e["occurred_at"], e["recorded_at"]) for e in scenario(tenant, t0)}
+        assert loaded_times(settings, tenant) == want
         # one fixed window for both reads: a minute boundary between them must not shift buckets
         at = datetime.now(UTC) + timedelta(minutes=2)
         first = counts(settings, tenant, at)

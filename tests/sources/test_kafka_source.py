@@ -196,7 +196,8 @@ def test_a_lingering_partition_holds_its_records_until_its_batch_or_its_linger(
         empty.close()
     assert got == [[f"slow-{n}".encode() for n in range(5)]]  # one batch, in order
     assert took is not None and 0.4 <= took < 5
-    assert waits and all(0 <= w <= 0.5 for w in waits)  # Bytewax wakes it for them
+    # Bytewax wakes it for them (at "now" once they are due: read a moment later, just past)
+    assert waits and all(-0.05 <= w <= 0.5 for w in waits)
 
     full = KafkaSource(settings.kafka, [topic], batch_size=5, linger_s=60)
     part = full.build_part("linger-full", f"2-{topic}", None)

@@ -330,7 +330,10 @@ class Connection(asyncio.Protocol):
             self.transport.close()
 
     def _send_headers(self, sid: int, headers: list[Header], end_stream: bool) -> None:
-        block = self._encoder.encode(headers, True)
+        # Literals go out without Huffman coding (RFC 7541 §5.2 lets the sender choose): it
+        # cost ~30 µs of pure Python per APNs request (47 -> 18 µs to encode a head, for ~50
+        # more bytes), ~15 % of a core at 5,000 sends/s on the worker that holds the GIL.
+        block = self._encoder.encode(headers, huffman=False)
         size = self._max_frame
         chunks = [block[i : i + size] for i in range(0, len(block), size)] or [b""]
         last = len(chunks) - 1

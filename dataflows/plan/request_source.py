@@ -68,7 +68,9 @@ State = tuple[int | None, tuple[Expansion, ...]]
 
 # Audience batches read from the store in one query: a query's cost is mostly its own (a round
 # trip, and the embedded ClickHouse runs one statement at a time, behind the warehouse's
-# inserts during a campaign), not its rows.
+# inserts during a campaign), not its rows. An expansion's first page is one batch: its users
+# are planned and reach dispatch while the next page is read and planned (a 50k push
+# campaign's first send came ~1.2 s after its POST when the first page was 10 batches).
 PAGE_BATCHES = 10
 
 
@@ -191,7 +193,8 @@ class _RequestPartition(StatefulSourcePartition[Item, State]):
 
     def _expand(self) -> list[Item]:
         """The next page of the oldest expansion as audience batches (`PAGE_BATCHES` batches a
-        query, one when paced); the cursor moves past everything returned."""
+        query; one for its first page, and when paced); the cursor moves past everything
+        returned."""
         exp = self._expansions[0]
         if self._store is None:
             self._store = self._src.audience()
@@ -203,7 +206,8 @@ class _RequestPartition(StatefulSourcePartition[Item, State]):
         self._paused_seen = 0
         assert exp.request.segment_id is not None
         size = self._src.batch_size
-        want = size if self._src.pace is not None else size * PAGE_BATCHES
+        first = exp.batch_no == 0 and not exp.cursor
+        want = size if self._src.pace is not None or first else size * PAGE_BATCHES
         members = self._store.page(exp.request.segment_id, exp.cursor, want)
         if self._src.pace is not None:
             self._next_expansion = datetime.now(UTC) + self._src.pace

@@ -125,8 +125,8 @@ def test_segment_fan_out_resumes_after_sigkill(
 def test_unpaced_segment_is_read_in_pages_of_several_batches(
     settings: HeraldSettings, subprocess_env: dict[str, str], tmp_path: Path
 ) -> None:
-    """12,345 users, unpaced: two queries of 10 batches, each user planned once, in batches of
-    1,000 numbered 0-12 (the last one short)."""
+    """12,345 users, unpaced: the first batch alone, then pages of 10 batches; each user planned
+    once, in batches of 1,000 numbered 0-12 (the last one short)."""
     p = settings.kafka.topic_prefix
     users = [f"{p}m{i:05d}" for i in range(12_345)]
     load_segment(settings.clickhouse, f"{p}seg", users)

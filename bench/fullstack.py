@@ -144,12 +144,19 @@ def _drain(
     return samples
 
 
-def _rate(samples: list[tuple[float, int]], start: float) -> tuple[float | None, float | None]:
-    """(sends/s from the POST to the last send, sends/s from the first to the last send)."""
+def _rate(
+    samples: list[tuple[float, int]], start: float, last_at: float | None = None
+) -> tuple[float | None, float | None]:
+    """(sends/s from the POST to the last send, sends/s from the first to the last send).
+
+    `last_at`: the last send's time on the simulator's clock (its stats' `last_accepted_at`),
+    else the sample that saw it (up to one sampling interval late)."""
     moving = [(t, n) for t, n in samples if n > 0]
     if not moving:
         return None, None
     t_last, n_last = moving[-1]
+    if last_at is not None:
+        t_last = min(t_last, last_at)
     t_first = next(t for t, n in samples if n > 0)
     whole = n_last / max(t_last - start, 1e-3)
     steady = n_last / max(t_last - t_first, 1e-3)
@@ -199,7 +206,7 @@ def _campaign(
         cpu.start()
     samples = _drain(stack, sim, base, users, timeout=max(300.0, users / 200))
     used = cpu.stop() if cpu is not None else {}
-    whole, steady = _rate(samples, start)
+    whole, steady = _rate(samples, start, stack.sim_stats(sim).get("last_accepted_at"))
     return {"nid": nid, "start": start, "samples": samples, "sent": samples[-1][1],
             "users": users, "rate_whole": whole, "rate_steady": steady, "cpu": used}  # fmt: skip
 
@@ -250,7 +257,7 @@ def run(users: int, email_users: int, idle_s: float, quick: bool = False) -> dic
         sent = _transactional(stack, RESET_TYPE, txn_users[:resets], 0.1, f"{tag}-busy")
         samples = _drain(stack, "email", email_base, email_users + resets, timeout=600)
         out["reset_busy_s"] = _latencies(stack, "email", sent, 60)
-        whole, steady = _rate(samples, start)
+        whole, steady = _rate(samples, start, stack.sim_stats("email").get("last_accepted_at"))
         out["email"] = {"nid": nid, "start": start, "samples": samples, "rate_whole": whole,
                         "rate_steady": steady, "budget": stack.bulk_budget("email")}  # fmt: skip
         out["email_timeline"] = _timeline(stack, nid, start)

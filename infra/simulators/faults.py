@@ -124,6 +124,7 @@ class Stats:
         self.accepted_ids: dict[str, list[list[str | None]]] = {}
         self.extra: Counter[str] = Counter()
         self.log: list[tuple[float, str | None, str]] = []
+        self.last_accepted_at: float | None = None  # unix time of the last accepted message
         # the last accepted message's headers and bodies per address (providers that have
         # them: the email simulator keeps List-Unsubscribe for tests), when recording ids
         self.messages: dict[str, dict[str, Any]] = {}
@@ -137,6 +138,7 @@ class Stats:
     def accept(self, address: str, msg_id: str, ref: str | None, record: bool) -> None:
         """Count one accepted message; keep `[msg_id, ref]` under its address if `record`."""
         self.accepted += 1
+        self.last_accepted_at = time.time()
         if record:
             self.accepted_ids.setdefault(address, []).append([msg_id, ref])
             self.log.append((time.time(), address, "accepted"))
@@ -146,6 +148,7 @@ class Stats:
         out: dict[str, Any] = {
             "requests": self.requests,
             "accepted": self.accepted,
+            "last_accepted_at": self.last_accepted_at,
             "hung": self.hung,
             "lost": self.lost,
             "rate_limited": self.rate_limited,

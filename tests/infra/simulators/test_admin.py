@@ -70,9 +70,12 @@ def test_timeout_after_accept_records_then_never_answers(sms_a: RunningSimulator
 
 
 def test_accepted_ids_count_duplicates_per_address(sms_a: RunningSimulator) -> None:
+    assert sms_a.stats()["last_accepted_at"] is None  # nothing accepted yet
+    before = time.time()
     for _ in range(3):
         create(sms_a, to="+447700900077")
     create(sms_a, to="+447700900078")
+    assert before <= sms_a.stats()["last_accepted_at"] <= time.time()  # the provider's clock
     ids = sms_a.stats()["accepted_ids"]
     assert len(ids["+447700900077"]) == 3 and len(ids["+447700900078"]) == 1
     assert "accepted_ids" not in sms_a.stats(ids=False)

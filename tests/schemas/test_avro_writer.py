@@ -79,3 +79,14 @@ def test_a_missing_field_with_a_default_takes_it() -> None:
         {"name": "a", "type": "string"}, {"name": "b", "type": "long", "default": 7},
     ]}  # fmt: skip
     assert compile_writer(schema)({"a": "x"}) == compile_writer(schema)({"a": "x", "b": 7})
+
+
+def test_an_instant_written_again_or_a_new_one_gives_its_own_bytes() -> None:
+    """The writer remembers the last datetime it wrote (an event's two timestamps are one
+    object): the same object again, another one, and the first again all match fastavro."""
+    writer = compile_writer(json.loads(schema_text("delivery_event")))
+    first = datetime(2026, 12, 5, 0, 30, 1, 123456, tzinfo=UTC)
+    other = first + timedelta(milliseconds=7)
+    for at in (first, first, other, first.replace(tzinfo=None), first):
+        record = {**example("delivery_event"), "occurred_at": at, "recorded_at": first}
+        assert writer(record) == fastavro_bytes("delivery_event", record)

@@ -32,7 +32,6 @@ __all__ = ["Writer", "compile_writer"]
 
 Writer = Callable[[Any], bytes]
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_MISSING: Any = object()
 _SMALL = [bytes([n]) for n in range(128)]
 
 
@@ -126,7 +125,7 @@ def _union(branches: list[Any], names: dict[str, Writer]) -> Writer:
 def _record(schema: Mapping[str, Any], names: dict[str, Writer]) -> Writer:
     """A record's writer, generated as one function (`_RecordSource`): strings, numbers,
     booleans, timestamps and their nullable unions are written inline, other types by their
-    compiled writers. About 1.65x faster than a closure per field on a delivery event."""
+    compiled writers (figures in the module docstring)."""
     full = (
         schema["name"]
         if "." in schema["name"]
@@ -146,8 +145,7 @@ class _RecordSource:
     def __init__(self, schema: Mapping[str, Any], names: dict[str, Writer]) -> None:
         self.schema = schema
         self.names = names
-        self.env: dict[str, Any] = {"L": _long, "M": _millis, "S": _SMALL, "MISSING": _MISSING}
-        self.lines: list[str] = []
+        self.env: dict[str, Any] = {"L": _long, "M": _millis, "S": _SMALL}
 
     def build(self) -> Writer:
         fields = self.schema["fields"]

@@ -206,8 +206,8 @@ class _RequestPartition(StatefulSourcePartition[Item, State]):
         self._paused_seen = 0
         assert exp.request.segment_id is not None
         size = self._src.batch_size
-        first = exp.batch_no == 0 and not exp.cursor
-        want = size if self._src.pace is not None or first else size * PAGE_BATCHES
+        one = self._src.pace is not None or exp.batch_no == 0  # paced, or its first page
+        want = size if one else size * PAGE_BATCHES
         members = self._store.page(exp.request.segment_id, exp.cursor, want)
         if self._src.pace is not None:
             self._next_expansion = datetime.now(UTC) + self._src.pace

@@ -138,10 +138,10 @@ class Stats:
     def accept(self, address: str, msg_id: str, ref: str | None, record: bool) -> None:
         """Count one accepted message; keep `[msg_id, ref]` under its address if `record`."""
         self.accepted += 1
-        self.last_accepted_at = time.time()
+        self.last_accepted_at = now = time.time()
         if record:
             self.accepted_ids.setdefault(address, []).append([msg_id, ref])
-            self.log.append((time.time(), address, "accepted"))
+            self.log.append((now, address, "accepted"))
 
     def snapshot(self, include_ids: bool = True, include_log: bool = False) -> dict[str, Any]:
         """JSON-able view for `GET /_admin/stats`."""

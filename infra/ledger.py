@@ -149,6 +149,7 @@ class DeliveryOutcome:
     states: frozenset[str]
     copies: list[ProviderCopy]
     recorded_msg_ids: frozenset[str]
+    delivery_ids: frozenset[str] = frozenset()  # from Herald's events: matched to copies' refs
 
     @property
     def reached(self) -> str | None:
@@ -236,10 +237,17 @@ class LedgerReport:
             lines.append(f"  LOST {e.notification_id} {e.user_id} {e.channel}: {o.last_state}")
         for o in self.duplicated[:limit]:
             e = o.expected
-            where = ", ".join(f"{c.provider}:{c.msg_id}" for c in o.copies)
+            where = ", ".join(_copy_text(c) for c in o.copies)
             lines.append(f"  DUP  {e.notification_id} {e.user_id} {e.channel} x{len(o.copies)}")
             lines.append(f"       recorded {sorted(o.recorded_msg_ids)}; provider copies {where}")
+            lines.append(f"       states {sorted(o.states)}")
         return "\n".join(lines)
+
+
+def _copy_text(c: ProviderCopy) -> str:
+    """`provider#incarnation:msg_id@first_seen` (first_seen: the monotonic clock, 0.1 s)."""
+    seen = "?" if c.first_seen is None else f"{c.first_seen:.1f}"
+    return f"{c.provider}#{c.incarnation}:{c.msg_id}@{seen}"
 
 
 def reconcile(
@@ -257,6 +265,7 @@ def reconcile(
     """
     states: dict[tuple[str, str, str], set[str]] = defaultdict(set)
     msg_ids: dict[tuple[str, str, str], set[str]] = defaultdict(set)
+    delivery_ids: dict[tuple[str, str, str], set[str]] = defaultdict(set)
     for ev in events:
         if not ev.channel:
             continue
@@ -264,6 +273,8 @@ def reconcile(
         states[key].add(ev.state)
         if ev.provider_msg_id:
             msg_ids[key].add(ev.provider_msg_id)
+        if ev.delivery_id:
+            delivery_ids[key].add(ev.delivery_id)
     at: dict[tuple[str, str], list[ProviderCopy]] = defaultdict(list)
     for copy in copies:
         at[(copy.provider, _norm(copy.address))].append(copy)
@@ -272,8 +283,9 @@ def reconcile(
     for exp in expected:
         key = exp.key
         outcome = DeliveryOutcome(
-            exp, frozenset(states.get(key, ())), [], frozenset(msg_ids.get(key, ()))
-        )
+            exp, frozenset(states.get(key, ())), [], frozenset(msg_ids.get(key, ())),
+            frozenset(delivery_ids.get(key, ())),
+        )  # fmt: skip
         outcomes.append(outcome)
         groups[(exp.channel, _norm(exp.address))].append(outcome)
     used: set[tuple[str, str]] = set()
@@ -296,15 +308,24 @@ def _share(group: list[DeliveryOutcome], found: list[ProviderCopy]) -> None:
     """Give each copy at one address to the delivery it most plausibly belongs to.
 
     1. the delivery that recorded the copy's provider message id;
-    2. a delivery without a copy and without a recorded id (Herald never learned the result:
+    2. the delivery whose delivery_id the provider echoed with the copy (`ref`: FCM's data,
+       Twilio's idempotency token, SendGrid's custom args, Vonage's client-ref);
+    3. a delivery without a copy and without a recorded id (Herald never learned the result:
        crash after the provider accepted, UNKNOWN), then one whose recorded copy no snapshot saw;
-    3. otherwise the copy is one too many: a duplicate of the first delivery that has a copy.
+    4. otherwise the copy is one too many: a duplicate of the first delivery that has a copy.
+
+    Step 2 matters where many deliveries share an address (a pool of phones receiving OTP after
+    OTP): without it, the unrecorded second copy of a late OTP would read as a duplicate of the
+    address's first OTP, sent long before the crash that duplicated the late one.
     """
     owner = {mid: o for o in group for mid in o.recorded_msg_ids}
+    by_delivery = {did: o for o in group for did in o.delivery_ids}
     rest: list[ProviderCopy] = []
     for c in found:
         if c.msg_id in owner:
             owner[c.msg_id].copies.append(c)
+        elif c.ref is not None and c.ref in by_delivery:
+            by_delivery[c.ref].copies.append(c)
         else:
             rest.append(c)
     for c in rest:

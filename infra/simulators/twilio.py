@@ -161,7 +161,8 @@ class TwilioSimulator(Simulator):
             retry = self.config.retry_after_s if code in ("20429", "503") else None
             return _error(code, retry)
         resource = self._create(form)
-        stats.accept(form["To"], resource["sid"], None, self.config.record_ids)
+        token = req.header("i-twilio-idempotency-token")  # Herald sends its delivery_id
+        stats.accept(form["To"], resource["sid"], token, self.config.record_ids)
         self._receipts(resource, form.get("StatusCallback") or self.callback_url)
         if faults.hang():
             return HANG

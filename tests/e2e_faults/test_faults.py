@@ -71,11 +71,12 @@ def test_sigkill_every_process_kind_under_otp_and_bulk_load(tmp_path: Path) -> N
     # in flight at such a kill: POSTed by a second after it, answered 202 at most 20 s before
     requests = {a.notification_id: a for a in res.accepted}
     window_at = [k.at for k in res.kills if k.opens_duplicate_window]
+    kill_times = [(k.component, round(k.at, 1)) for k in res.kills]
     for o in otp.duplicated:
         a = requests.get(o.expected.notification_id)  # None: its 202 never arrived (printed)
         assert a is None or any(
             at - 20 <= a.accepted_at and a.sent_at <= at + 1 for at in window_at
-        ), f"duplicated outside every crash window: {a}"
+        ), f"duplicated outside every crash window: {a}; kills at {kill_times}"
     slow = {k.component: k.worst_otp_s for k in res.kills if (k.worst_otp_s or 0) >= PENDING_TTL_S}
     assert not slow, f"OTPs of these kills' slots took a PENDING TTL or longer: {slow}"
     assert bulk.duplicates == 0, bulk.render("bulk")

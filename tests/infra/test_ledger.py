@@ -133,6 +133,30 @@ def test_deliveries_sharing_an_address_get_their_recorded_copies_and_extras_are_
     assert report.duplicates == 1 and report.losses == []
 
 
+def test_an_unrecorded_copy_goes_to_the_delivery_the_provider_echoed_not_the_first() -> None:
+    """One phone, three OTPs; the third was resent after a crash (a copy it never recorded):
+    the provider's echoed delivery_id makes the third the duplicated one, not the first."""
+    phone = "+14155550001"
+    exp = [ExpectedDelivery(f"n{i}", "u1", "sms", phone) for i in range(3)]
+    events = [
+        HeraldEvent(f"n{i}", "u1", "sms", "PROVIDER_ACCEPTED", f"d{i}", "sms_a", f"SM{i}")
+        for i in range(3)
+    ]
+    found = [ProviderCopy("sms_a", phone, f"SM{i}", f"d{i}") for i in range(3)]
+    found.insert(2, ProviderCopy("sms_a", phone, "SMx", "d2"))
+    report = reconcile(exp, events, found)
+    assert [[c.msg_id for c in o.copies] for o in report.outcomes] == [
+        ["SM0"], ["SM1"], ["SMx", "SM2"]
+    ]  # fmt: skip
+    assert [o.expected.notification_id for o in report.duplicated] == ["n2"]
+    # without the echo (a provider that returns none) the old rule still counts one too many
+    found[2] = ProviderCopy("sms_a", phone, "SMx")
+    report = reconcile(exp, events, found)
+    assert report.duplicates == 1 and [o.expected.notification_id for o in report.duplicated] == [
+        "n0"
+    ]
+
+
 def test_vonage_numbers_without_plus_match_the_e164_address() -> None:
     report = reconcile(
         [otp(1)], [ev(1, "PROVIDER_ACCEPTED", "V1")], [ProviderCopy("sms_b", "14155550001", "V1")]

@@ -14,12 +14,18 @@ from infra.simulators.launcher import RunningSimulator, start_simulator
 _HTTP = httpx.Client()
 
 
-def create(sim: RunningSimulator, to: str = "+447700900001", timeout: float = 5) -> httpx.Response:
+def create(
+    sim: RunningSimulator,
+    to: str = "+447700900001",
+    timeout: float = 5,
+    headers: dict[str, str] | None = None,
+) -> httpx.Response:
     creds = sim.credentials()
     return _HTTP.post(
         f"{sim.base_url}/2010-04-01/Accounts/{creds['account_sid']}/Messages.json",
         data={"To": to, "From": "+15005550006", "Body": "hello"},
         auth=(creds["account_sid"], creds["auth_token"]),
+        headers=headers,
         timeout=timeout,
     )
 
@@ -76,8 +82,11 @@ def test_accepted_ids_count_duplicates_per_address(sms_a: RunningSimulator) -> N
         create(sms_a, to="+447700900077")
     create(sms_a, to="+447700900078")
     assert before <= sms_a.stats()["last_accepted_at"] <= time.time()  # the provider's clock
+    create(sms_a, to="+447700900079", headers={"I-Twilio-Idempotency-Token": "d-79"})
     ids = sms_a.stats()["accepted_ids"]
     assert len(ids["+447700900077"]) == 3 and len(ids["+447700900078"]) == 1
+    # the reference each copy was sent under (the ledger's echo of Herald's delivery_id)
+    assert ids["+447700900079"][0][1] == "d-79" and ids["+447700900078"][0][1] is None
     assert "accepted_ids" not in sms_a.stats(ids=False)
     sms_a.reset()
     assert sms_a.stats()["accepted"] == 0

@@ -41,8 +41,12 @@ BURST_S = 0.1  # RateModel.burst_s default: the bucket holds rate x 0.1 s
 # Requests reach the simulator a variable time after their token was granted (HTTP/2 streams,
 # event-loop turns, GC, two cores shared by the whole stack): sends delayed and then sent
 # together can put up to rate x that variance more arrivals into one second than the bucket
-# granted in any second. 934 against 881 was the worst seen in CI runs, about 70 ms.
-ARRIVAL_JITTER_S = 0.1
+# granted in any second: a simulator starved of the CPU for 100 ms stamps 100 ms of requests
+# at once, however evenly they were sent. 934 against 881 (about 70 ms) and 966 against 961
+# (about 110 ms, while the fault-injection lane's own stack shared the box; Herald's grants
+# 838 in that run) were the worst seen in CI runs. Herald's own grants are held to the budget
+# without this allowance (`granted` below).
+ARRIVAL_JITTER_S = 0.15
 PROBE_USERS = 200
 DRAIN_WINDOW_S = 900.0  # seed 001: the bulk backlog is digested within 15 minutes
 

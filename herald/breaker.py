@@ -263,24 +263,52 @@ class CircuitBreaker:
             if probe:
                 self._call(provider, loc, "result", 1 if ok else 0, 0 if ok else 1)
                 return
-            if loc.state is not BreakerState.CLOSED:
-                return  # a stale-cache call during open/half-open: not part of any window
-            if ok:
-                loc.pending_ok += 1
-            else:
-                loc.pending_err += 1
-            cfg = self.config(provider)
-            due = self._clock() - loc.synced_at >= cfg.sync_interval_s
-            if due or loc.pending_ok + loc.pending_err >= cfg.flush_every:
-                self._call(provider, loc, "sync")
+            if self._count(loc, ok):
+                self._sync_if_due(provider, loc)
 
     def record_outcome(self, outcome: Outcome, admission: Admission) -> None:
         """`record` from a typed outcome (429 is not counted, see `counts_as_failure`)."""
-        failed = counts_as_failure(outcome)
-        if failed is not None:
-            self.record(outcome.provider, not failed, probe=admission.probe)
-        elif admission.probe:  # a throttled probe proves the provider answers
-            self.record(outcome.provider, True, probe=True)
+        self.record_outcomes([(outcome, admission)])
+
+    def record_outcomes(self, results: Iterable[tuple[Outcome, Admission]]) -> None:
+        """`record_outcome` for the answers of one batch of calls, with each provider's counts
+        synced at most once at the end (when due): a batch's answers are known together, and
+        a dispatch batch of 8,000 pushes otherwise stopped for a Redis round trip every
+        `flush_every` of them (7 % of the dispatch job's busy time in a 50k campaign)."""
+        touched: set[str] = set()
+        for outcome, admission in results:
+            failed = counts_as_failure(outcome)
+            if admission.probe:  # a throttled probe proves the provider answers
+                self.record(outcome.provider, not failed, probe=True)
+            elif failed is not None:
+                loc = self._loc(outcome.provider)
+                with loc.lock:
+                    if self._count(loc, not failed):
+                        touched.add(outcome.provider)
+        for provider in touched:
+            loc = self._loc(provider)
+            with loc.lock:
+                self._sync_if_due(provider, loc)
+
+    @staticmethod
+    def _count(loc: _Local, ok: bool) -> bool:
+        """Count a result locally; False for a stale-cache call during open/half-open (not
+        part of any window)."""
+        if loc.state is not BreakerState.CLOSED:
+            return False
+        if ok:
+            loc.pending_ok += 1
+        else:
+            loc.pending_err += 1
+        return True
+
+    def _sync_if_due(self, provider: str, loc: _Local) -> None:
+        if loc.state is not BreakerState.CLOSED:
+            return  # opened meanwhile (a probe or a trip): its counts wait for the next sync
+        cfg = self.config(provider)
+        due = self._clock() - loc.synced_at >= cfg.sync_interval_s
+        if due or loc.pending_ok + loc.pending_err >= cfg.flush_every:
+            self._call(provider, loc, "sync")
 
     def trip(self, provider: str, reason: str, for_s: float) -> None:
         """Open the breaker now for `for_s` seconds (platform pause), then half-open as usual."""

@@ -51,7 +51,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, cast
 
-from herald.breaker import CircuitBreaker
+from herald.breaker import Admission, CircuitBreaker
 from herald.catalog import Catalog
 from herald.controls import CANCELLED, DispatchControls
 from herald.dispatching import (
@@ -137,6 +137,7 @@ class Dispatcher:
         self._rng = random.Random()
         self._releases: list[Proceed] = []  # released together at the end of the batch
         self._answered: list[Item] = []  # accepted in the chunk being settled (SENT next)
+        self._results: list[tuple[Outcome, Admission]] = []  # its answers, for the breaker
 
     def dispatch(self, batch: Batch) -> Outputs:
         """Dispatch a batch (see the module docstring); never raises for provider trouble."""
@@ -346,9 +347,15 @@ class Dispatcher:
 
         def settle(it: Item, outcome: Outcome) -> None:
             if it.admission is not None:
-                self.breaker.record_outcome(outcome, it.admission)
+                self._results.append((outcome, it.admission))  # to the breaker per chunk
             at = self.clock()
-            if self._apply(it, decide(outcome, self._ctx(it, at), it.policy), outcome, at, out):
+            # an acceptance needs no attempt context: `decide` makes it Done whatever it says
+            action = (
+                _done(outcome)
+                if isinstance(outcome, Accepted)
+                else decide(outcome, self._ctx(it, at), it.policy)
+            )
+            if self._apply(it, action, outcome, at, out):
                 again.append(it)
             elif it.guard_op == "sent":
                 if has_cross_channel_step(it.delivery):
@@ -356,7 +363,8 @@ class Dispatcher:
                 if it.guard is not None and it.guard.two_phase:
                     self._answered.append(it)
 
-        deferred = self.sender.send(ready, out.events, settle, self._mark_answered)
+        deferred = self.sender.send(ready, out.events, settle, self._chunk_settled)
+        self._chunk_settled()  # nothing left unless a chunk's settling raised
         now = self.clock()
         for it in deferred:
             self._defer(it, now, out)
@@ -458,8 +466,12 @@ class Dispatcher:
 
     # -- 5. guards -----------------------------------------------------------------------------
 
-    def _mark_answered(self) -> None:
-        """SENT for the sends accepted in the chunk just settled (stage 5, as answers come)."""
+    def _chunk_settled(self) -> None:
+        """The chunk's answers to the breaker (one local count, at most one sync), then SENT
+        for its accepted sends (stage 5, as answers come)."""
+        results, self._results = self._results, []
+        if results:
+            self.breaker.record_outcomes(results)
         answered, self._answered = self._answered, []
         if not answered:
             return

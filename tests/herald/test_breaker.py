@@ -218,6 +218,28 @@ def test_record_outcome_reports_probes(make: Callable[..., CircuitBreaker]) -> N
     assert breaker.state("sms_a") is BreakerState.CLOSED
 
 
+def test_a_batch_of_answers_is_synced_once_and_can_open_the_breaker(
+    make: Callable[..., CircuitBreaker], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    breaker = make()
+    closed = breaker.allow("sms_a")
+    ops: list[str] = []
+    run = breaker._run
+    monkeypatch.setattr(breaker, "_run", lambda provider, op, *a, **kw: (
+        ops.append(op), run(provider, op, *a, **kw))[1])  # fmt: skip
+    answers = [
+        *((Accepted(provider="sms_a", provider_msg_id=f"m{i}"), closed) for i in range(4)),
+        *((Retryable(provider="sms_a", reason="http_503"), closed) for _ in range(8)),
+        (RateLimited(provider="sms_a", retry_after=1.0), closed),  # not counted
+    ]
+    breaker.record_outcomes(answers)  # 12 counted: more than flush_every (5), one sync
+    assert ops == ["sync"]
+    breaker.record_outcomes([(Retryable(provider="sms_a", reason="http_503"), closed)])
+    assert ops == ["sync"]  # open now: a stale admission's answer is not counted
+    snap = breaker.snapshot(["sms_a"])[0]
+    assert snap.state is BreakerState.OPEN and snap.trips == 1 and snap.reason == "error_rate"
+
+
 def _fail_from_another_process(url: str, prefix: str) -> None:
     breaker = CircuitBreaker(redis.Redis.from_url(url), CFG, prefix=prefix)
     feed(breaker, "sms_a", ok=2, failed=10)

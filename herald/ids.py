@@ -68,7 +68,7 @@ def _name(*parts: str) -> str:
     for part in parts:
         if not isinstance(part, str):
             raise TypeError(f"id inputs must be str, got {type(part).__name__}")
-    return "".join(f"{len(part)}:{part}" for part in parts)
+    return "".join([f"{len(part)}:{part}" for part in parts])
 
 
 def notification_id(tenant_id: str, request_id: str) -> str:
@@ -96,7 +96,16 @@ def event_id(
     from 1 again, and its events must not collide with the original attempts'. It is hashed
     only when > 0, so generation 0 keeps the ids of before replays had generations.
     """
-    name = _name(delivery_id, state, str(int(attempt)), discriminator)
+    if not (isinstance(delivery_id, str) and isinstance(state, str)
+            and isinstance(discriminator, str)):  # fmt: skip
+        _name(delivery_id, state, discriminator)  # raises the TypeError
+    tries = str(int(attempt))
+    # `_name(delivery_id, state, tries, discriminator)` spelled out: two events per send in
+    # dispatch's serial path (py-spy: 11 % of its busy main thread in a 50k campaign)
+    name = (
+        f"{len(delivery_id)}:{delivery_id}{len(state)}:{state}{len(tries)}:{tries}"
+        f"{len(discriminator)}:{discriminator}"
+    )
     if generation:
         name += _name(str(int(generation)))
     return _uuid5(_NS_EVENT, name)

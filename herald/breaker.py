@@ -14,11 +14,14 @@ transition runs in one Lua script on Redis `TIME`, so processes never disagree b
 A probe permit that is never reported (its worker died) is re-issued after `probe_timeout_s`.
 
 Local fast path: each process caches the state and batches its success/failure counts, going to
-Redis once per `sync_interval_s` (or every `flush_every` recorded calls) instead of per call.
+Redis once per `sync_interval_s` (or every `flush_every` recorded calls) instead of per call;
+the answers of one batch of calls (`record_outcomes`, dispatch's chunk of sends) are counted
+together and synced at most once, after the last of them.
 While the cache says *closed*, `allow` costs no round trip; while it says *open* with cool-down
 left, neither. Staleness bound: a process may keep calling a provider for at most
 `sync_interval_s` (or `flush_every` of its own calls, whichever comes first) after another
-process opened the breaker, and its own failures reach the shared window within the same bound.
+process opened the breaker, and its own failures reach the shared window within the same bound
+(for answers recorded together: once the batch's last answer is recorded).
 Half-open permits always go to Redis (they are few by design).
 
 Not thread-safe by itself beyond a coarse lock: share one instance per process.

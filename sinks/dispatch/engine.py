@@ -25,7 +25,8 @@ Stages (herald.dispatching holds the pure rules, herald.retry the decisions):
    delivery back to the retry topic, due when the window ends (the retry job holds it);
 4. rounds: breaker admission per delivery (a refused one fails over or is requeued without
    counting an attempt), shaped sends (sinks/dispatch/sending.py), `decide` per outcome,
-   effects applied; a failover (SMS A→B) goes into the next round at once, same guard;
+   effects applied, each chunk's answers counted in the breaker together (at most one Redis
+   sync per chunk); a failover (SMS A→B) goes into the next round at once, same guard;
 5. guards: SENT for accepted (transactional) as each chunk's answers arrive (one pipelined
    round trip per chunk, before the next chunk's answers are settled), so a crash repeats at
    most the sends whose answers had arrived and were not recorded yet, not the whole batch's;
@@ -364,7 +365,6 @@ class Dispatcher:
                     self._answered.append(it)
 
         deferred = self.sender.send(ready, out.events, settle, self._chunk_settled)
-        self._chunk_settled()  # nothing left unless a chunk's settling raised
         now = self.clock()
         for it in deferred:
             self._defer(it, now, out)

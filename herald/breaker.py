@@ -269,15 +269,12 @@ class CircuitBreaker:
             if self._count(loc, ok):
                 self._sync_if_due(provider, loc)
 
-    def record_outcome(self, outcome: Outcome, admission: Admission) -> None:
-        """`record` from a typed outcome (429 is not counted, see `counts_as_failure`)."""
-        self.record_outcomes([(outcome, admission)])
-
     def record_outcomes(self, results: Iterable[tuple[Outcome, Admission]]) -> None:
-        """`record_outcome` for the answers of one batch of calls, with each provider's counts
-        synced at most once at the end (when due): a batch's answers are known together, and
-        a dispatch batch of 8,000 pushes otherwise stopped for a Redis round trip every
-        `flush_every` of them (7 % of the dispatch job's busy time in a 50k campaign)."""
+        """`record` for the typed answers of one batch of calls (429 is not counted, see
+        `counts_as_failure`), each provider's counts synced at most once at the end (when
+        due): a batch's answers are known together, and a dispatch batch of 8,000 pushes
+        otherwise stopped for a Redis round trip every `flush_every` of them (7 % of the
+        dispatch job's busy time in a 50k campaign)."""
         touched: set[str] = set()
         for outcome, admission in results:
             failed = counts_as_failure(outcome)

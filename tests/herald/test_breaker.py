@@ -214,7 +214,7 @@ def test_record_outcome_reports_probes(make: Callable[..., CircuitBreaker]) -> N
     open_breaker(breaker, "sms_a")
     time.sleep(FAST.cooldown_s + 0.05)
     admission = breaker.allow("sms_a")
-    breaker.record_outcome(Accepted(provider="sms_a", provider_msg_id="m"), admission)
+    breaker.record_outcomes([(Accepted(provider="sms_a", provider_msg_id="m"), admission)])
     assert breaker.state("sms_a") is BreakerState.CLOSED
 
 

@@ -26,7 +26,11 @@ log = logging.getLogger(__name__)
 
 
 class Sender(Protocol):
-    """What the sink needs from a provider client (sinks.providers.ProviderClient, InboxClient)."""
+    """What the sink needs from a provider client (sinks.providers.ProviderClient, InboxClient).
+
+    `in_flight`: how many sends it takes at once (the dispatch sink runs that many workers)."""
+
+    in_flight: int
 
     async def send(self, delivery: Mapping[str, Any]) -> Outcome: ...
 
@@ -46,6 +50,8 @@ def default_factories(redis_url: str) -> dict[str, Factory]:
 
 class _Unusable:
     """Stands in for a client that could not be built."""
+
+    in_flight = 1  # answers at once, without a call
 
     def __init__(self, provider: str, reason: str) -> None:
         self.provider = provider

@@ -52,6 +52,7 @@ class InboxClient:
             socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
         )  # fmt: skip
         self.redis = AsyncRedis(connection_pool=pool)
+        self.in_flight = max_connections  # one write per pooled connection at a time
         self.max_items = max_items
 
     async def send(self, delivery: Mapping[str, Any]) -> Outcome:

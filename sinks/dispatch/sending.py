@@ -22,7 +22,7 @@ import logging
 import time
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 from herald.dispatching import event
 from herald.outcomes import Outcome, Unknown
@@ -151,14 +151,23 @@ class ShapedSender:
         futures.append((chunk, self.providers.loop.submit(self._send_all(provider, deliveries))))
 
     async def _send_all(self, provider: str, deliveries: list[dict[str, Any]]) -> list[Outcome]:
-        send = self.providers.client(provider).send  # one coroutine per call, no wrapper
-        results = await asyncio.gather(*(send(d) for d in deliveries), return_exceptions=True)
-        out: list[Outcome] = []
-        for result in results:
-            if isinstance(result, BaseException):
-                log.error("dispatch.client_error provider=%s error=%s",
-                          provider, type(result).__name__)  # fmt: skip
-                out.append(Unknown("client_error", provider=provider))
-            else:
-                out.append(result)
-        return out
+        """Every delivery's outcome, in order: as many workers as the client takes requests
+        at once, each sending the next delivery as its previous one is answered (one task
+        per worker, not per send: no send waits on the client's semaphore in a queue)."""
+        client = self.providers.client(provider)
+        send = client.send
+        out: list[Outcome | None] = [None] * len(deliveries)
+        todo = iter(enumerate(deliveries))
+
+        async def worker() -> None:
+            for i, delivery in todo:
+                try:
+                    out[i] = await send(delivery)
+                except Exception as exc:  # a client bug: the request may have left
+                    log.error("dispatch.client_error provider=%s error=%s",
+                              provider, type(exc).__name__)  # fmt: skip
+                    out[i] = Unknown("client_error", provider=provider)
+
+        workers = min(len(deliveries), max(1, client.in_flight))
+        await asyncio.gather(*(worker() for _ in range(workers)))
+        return cast(list[Outcome], out)

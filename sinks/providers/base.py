@@ -147,6 +147,7 @@ class ProviderClient(ABC):
         in_flight = config.max_concurrency
         if not http2:
             in_flight = min(in_flight, config.max_connections)
+        self.in_flight = in_flight  # sends at once (the dispatch sink runs as many workers)
         self._sem = asyncio.Semaphore(in_flight)
         self.timeouts = {
             "connect": config.connect_timeout_s,

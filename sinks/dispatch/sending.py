@@ -2,8 +2,9 @@
 
 `ShapedSender.send(items)` groups the items by (provider, tenant), takes rate tokens for each
 group in one `RateShaper.acquire` round trip, hands every granted chunk to the partition's event
-loop at once (`asyncio.gather`, bounded by each client's own concurrency limit, HTTP/2 streams
-for APNs) and keeps taking tokens while those chunks are in flight. When a group gets fewer
+loop at once (sent by as many workers as the client takes requests at once, its `in_flight`:
+HTTP/2 streams for APNs; each worker sends the next delivery as its previous one is answered)
+and keeps taking tokens while those chunks are in flight. When a group gets fewer
 tokens than it asks for, the worker sleeps for the shaper's `wait_s` (the backlog stays in
 Kafka: backpressure) up to `shape_max_wait_s` per round; what is still not granted then is
 returned as `deferred` (the caller requeues it through the retry topic, no attempt counted).

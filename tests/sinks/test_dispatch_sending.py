@@ -1,0 +1,78 @@
+"""The sends of a chunk (sinks/dispatch/sending.py): a pool of `in_flight` workers, outcomes in
+the deliveries' order, a client that raises answered `Unknown("client_error")`."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import pytest
+
+from herald.dispatching import retry_policy
+from herald.outcomes import Accepted, Outcome, Unknown
+from sinks.dispatch.clients import Providers
+from sinks.dispatch.loop import LoopThread
+from sinks.dispatch.sending import ShapedSender
+from sinks.dispatch.settings import DispatchSettings
+from sinks.dispatch.work import Item
+from tests.sinks.dispatch_helpers import delivery, now
+
+
+class _Counting:
+    """A provider that answers after a short wait and records how many calls overlapped."""
+
+    provider = "fake"
+
+    def __init__(self, in_flight: int) -> None:
+        self.in_flight = in_flight
+        self.now = 0
+        self.most = 0
+
+    async def send(self, d: Mapping[str, Any]) -> Outcome:
+        self.now += 1
+        self.most = max(self.most, self.now)
+        try:
+            await asyncio.sleep(0.001)
+            if d["address"] == "broken":
+                raise RuntimeError("a bug in the client")
+            return Accepted(f"m-{d['delivery_id']}", provider=self.provider)
+        finally:
+            self.now -= 1
+
+    async def aclose(self) -> None:
+        return None
+
+
+@pytest.fixture
+def loop() -> Iterator[LoopThread]:
+    thread = LoopThread("test-sending")
+    yield thread
+    thread.close()
+
+
+def _item(d: dict[str, Any]) -> Item:
+    cfg = DispatchSettings()
+    policy = retry_policy(cfg.backoff_for("bulk"), failover_on_unknown=False, platform_pause_s=1)
+    return Item(d, None, "fake", policy, False, 1)
+
+
+def test_a_chunk_is_sent_by_in_flight_workers_and_answered_in_order(loop: LoopThread) -> None:
+    client = _Counting(in_flight=3)
+    providers = Providers(loop, {"fake": lambda: client})
+    sender = ShapedSender(providers, None, frozenset(), max_wait_s=1.0, clock=now)  # type: ignore[arg-type]
+    items = [_item(delivery("push", address=f"t{i}", traffic_class="bulk")) for i in range(10)]
+    items[4].delivery["address"] = "broken"
+    events: list[dict[str, Any]] = []
+    settled: list[tuple[str, Outcome]] = []
+    deferred = sender.send(items, events, lambda it, o: settled.append((it.delivery_id, o)))
+    assert deferred == []
+    assert [d for d, _ in settled] == [it.delivery_id for it in items]  # the deliveries' order
+    for it, (_, outcome) in zip(items, settled, strict=True):
+        if it.delivery["address"] == "broken":
+            assert outcome == Unknown("client_error", provider="fake")  # may have left: no retry
+        else:
+            assert isinstance(outcome, Accepted)
+            assert outcome.provider_msg_id == f"m-{it.delivery_id}"
+    assert client.most == 3  # never more calls at once than the client takes
+    assert [e["state"] for e in events] == ["SENDING"] * 10

@@ -20,7 +20,8 @@ from tests.sinks.dispatch_helpers import delivery, now
 
 
 class _Counting:
-    """A provider that answers after a short wait and records how many calls overlapped."""
+    """A provider that answers the earlier deliveries last (address `t<i>` waits 10 - i ms)
+    and records how many calls overlapped."""
 
     provider = "fake"
 
@@ -33,9 +34,10 @@ class _Counting:
         self.now += 1
         self.most = max(self.most, self.now)
         try:
-            await asyncio.sleep(0.001)
             if d["address"] == "broken":
+                await asyncio.sleep(0.001)
                 raise RuntimeError("a bug in the client")
+            await asyncio.sleep((10 - int(d["address"][1:])) / 1000)
             return Accepted(f"m-{d['delivery_id']}", provider=self.provider)
         finally:
             self.now -= 1
@@ -67,7 +69,8 @@ def test_a_chunk_is_sent_by_in_flight_workers_and_answered_in_order(loop: LoopTh
     settled: list[tuple[str, Outcome]] = []
     deferred = sender.send(items, events, lambda it, o: settled.append((it.delivery_id, o)))
     assert deferred == []
-    assert [d for d, _ in settled] == [it.delivery_id for it in items]  # the deliveries' order
+    # answered in reverse, settled in the deliveries' order
+    assert [d for d, _ in settled] == [it.delivery_id for it in items]
     for it, (_, outcome) in zip(items, settled, strict=True):
         if it.delivery["address"] == "broken":
             assert outcome == Unknown("client_error", provider="fake")  # may have left: no retry

@@ -241,6 +241,12 @@ class FullStack:
             raise RuntimeError(f"POST /v1/notifications: {resp.status_code} {resp.text[:500]}")
         return str(resp.json()["notification_id"]), sent
 
+    def notification_status(self, nid: str) -> dict[str, Any]:
+        """GET /v1/notifications/{nid} (one delivery per page: the summary counts them all)."""
+        resp = self.api.get(f"/v1/notifications/{nid}", params={"limit": 1})
+        resp.raise_for_status()
+        return dict(resp.json())
+
     def produce_contact_points(self, users: Iterable[str], wait: bool = True) -> int:
         """An FCM device and a verified email for each user, into herald.devices; with `wait`,
         until the users job has copied them to Redis (what the plan jobs read)."""

@@ -19,7 +19,9 @@ One run, one stack, in this order:
    campaign of the median rate is reported, with its per-stage timeline (PLANNED, SENDING,
    PROVIDER_ACCEPTED events per second), and every run's rate beside it: one 50k drain lasts
    ~10 s, and on this shared 2-core machine the same code drained at 4,700-5,700 sends/s
-   from one campaign to the next (bench/results/fullstack_ab_session32.md);
+   from one campaign to the next (bench/results/fullstack_ab_session32.md). After each drain,
+   how long the hot status (GET /v1/notifications/{id}) took to count every send: the
+   receipts job that writes it yields the CPU to the sending path while a campaign runs;
 4. **email campaign + password resets**: M users through email (bulk budget = rate − reserved
    of HERALD_DISPATCH_RATES' email), with 100 password resets at 10/s while it saturates the
    same provider;
@@ -212,9 +214,27 @@ def _campaign(
         cpu.start()
     samples = _drain(stack, sim, base, users, timeout=max(300.0, users / 200))
     used = cpu.stop() if cpu is not None else {}
-    whole, steady = _rate(samples, start, stack.sim_stats(sim).get("last_accepted_at"))
+    last_at = stack.sim_stats(sim).get("last_accepted_at")
+    whole, steady = _rate(samples, start, last_at)
+    shown = _status_shown(stack, nid, users, timeout=120.0)
+    status_lag = shown - (last_at or samples[-1][0]) if shown is not None else None
     return {"nid": nid, "start": start, "samples": samples, "sent": samples[-1][1],
-            "users": users, "rate_whole": whole, "rate_steady": steady, "cpu": used}  # fmt: skip
+            "users": users, "rate_whole": whole, "rate_steady": steady, "cpu": used,
+            "status_lag_s": status_lag}  # fmt: skip
+
+
+def _status_shown(stack: FullStack, nid: str, n: int, timeout: float) -> float | None:
+    """When GET /v1/notifications/{nid} (the hot status a user reads) first counted `n`
+    deliveries accepted by the provider (epoch seconds; polled every 0.2 s), None if not within
+    `timeout`. Read only once the drain ended: the receipts job writes the hot status, and it
+    yields the CPU to the sending path while a campaign saturates the machine."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        summary = stack.notification_status(nid)["summary"]
+        if summary.get("PROVIDER_ACCEPTED", 0) >= n:
+            return time.time()
+        time.sleep(0.2)
+    return None
 
 
 def run(
@@ -254,8 +274,10 @@ def run(
             if i:  # the previous campaign's events recorded, its receipts and statuses written
                 stack.quiesce(QUIET_TOPICS)
             pushes.append(_campaign(stack, "push", users, f"{tag}{i}", ComponentCpu(stack.run_dir)))
-        out["push_runs"] = [{k: p[k] for k in ("nid", "rate_whole", "rate_steady", "cpu")}
-                            for p in pushes]  # fmt: skip
+        out["push_runs"] = [
+            {k: p[k] for k in ("nid", "rate_whole", "rate_steady", "cpu", "status_lag_s")}
+            for p in pushes
+        ]
         push = _median_run(pushes)
         out["push"] = push
         out["push_timeline"] = _timeline(stack, push["nid"], push["start"])
@@ -343,6 +365,9 @@ def result_of(raw: dict[str, Any]) -> dict[str, Any]:
         "were recorded (sends/s POST → last send / first → last send): "
         + ", ".join(f"{r['rate_whole']:,.0f} / {r['rate_steady']:,.0f}" for r in runs)
         + "; the median one is reported, with its timeline",
+        "the hot status (GET /v1/notifications/{id}) counted every delivery accepted by APNs "
+        "this long after the campaign's last send (s; polled every 0.2 s): "
+        + ", ".join(_seconds(r.get("status_lag_s")) for r in runs),
         "CPU by component while the median push campaign drained: "
         + _top(push["cpu"].get("by_component", {})),
         f"OTP hops on the idle stack (ms, Herald's event times): {raw['otp_idle_hops']}",
@@ -382,6 +407,10 @@ def _stage_plot(
     return {"kind": "lines", "name": name, "title": f"{title}: events per second by stage",
             "xlabel": "s since the POST", "ylabel": "events/s", "data": data,
             "hlines": hlines}  # fmt: skip
+
+
+def _seconds(value: float | None) -> str:
+    return "not within 120 s" if value is None else f"{value:.1f}"
 
 
 def _top(by: dict[str, float], n: int = 8) -> str:

@@ -138,8 +138,9 @@ class RunSettings(BaseSettings):
         default=True,
         validation_alias=AliasChoices("HERALD_RUN_NICE", "nice"),
         description="Start the jobs that record rather than send (infra/services.py `NICE`: the "
-        "warehouse) at a lower CPU priority, so a saturated machine sends first. False starts "
-        "every component at normal priority: the test suite's end-to-end stack, which shares "
+        "warehouse, and receipts a little) at a lower CPU priority, so a saturated machine "
+        "sends first. False starts every component at normal priority: the test suite's "
+        "end-to-end stack, which shares "
         "two cores with other test lanes that starved a niced warehouse for a minute.",
     )
 

@@ -356,12 +356,17 @@ SPARES = frozenset({"plan_transactional", "dispatch_transactional"})
 # receipts fold, the warehouse and ClickHouse took ~90 % of one core and the dispatch job drained
 # ~2,000 sends/s; with receipts and warehouse paused it drained 4,250/s, niced (19) 2,950/s
 # (bench/results/fullstack_session18). Niced, they fall behind while a campaign saturates the
-# machine and catch up after it: the status API and ClickHouse trail the sends by that much.
-# Only the warehouse is niced now. ClickHouse answers queries too (segments for plan, the API,
-# health): niced, it missed the 60 s start-up health check of a two-process stack. Receipts
-# writes the hot status the API answers with: niced, it wrote none for 240 s while a two-process
-# stack settled (tests/infra/test_scaleout.py). Idle, nice changes nothing.
-NICE = {"warehouse": 19}
+# machine and catch up after it: ClickHouse trails the sends by that much.
+# The warehouse yields the most (19). Receipts writes the hot status the API answers with: at
+# 19 it wrote none for 240 s while a two-process stack settled (tests/infra/test_scaleout.py).
+# At 5 its weight is a third of a normal process's: it still got its ~20 % of a core while a
+# 50k push campaign drained, but waits when the sending path wakes, and the campaign drained at
+# a median of 5,217 against 4,890 sends/s with receipts at 0 (eight and fourteen campaigns on
+# alternated stacks, bench/results/fullstack_ab_session33.md); `bench.fullstack` reports how
+# long after the last send the hot status counted every send. ClickHouse answers queries too
+# (segments for plan, the API, health): niced, it missed the 60 s start-up health check of a
+# two-process stack. Idle, nice changes nothing.
+NICE = {"warehouse": 19, "receipts": 5}
 
 
 def nice_of(component: Component, enabled: bool = True) -> int:

@@ -40,7 +40,7 @@ def test_every_bytewax_job_gets_its_fetch_wait_and_the_transactional_path_the_sh
 
 def test_only_the_recording_processes_yield_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     niced = {c.job or c.name for c in [*SERVICES, *jobs(1)] if nice_of(c)}
-    assert niced == set(NICE) == {"warehouse"}
+    assert niced == set(NICE) == {"warehouse", "receipts"}
     assert RunSettings().nice  # by default
     monkeypatch.setenv("HERALD_RUN_NICE", "false")  # the end-to-end tests' stack
     assert not RunSettings().nice

@@ -2,12 +2,13 @@
 
 `ShapedSender.send(items)` groups the items by (provider, tenant), takes rate tokens for each
 group in one `RateShaper.acquire` round trip, hands every granted chunk to the partition's event
-loop at once (sent by as many workers as the client takes requests at once, its `in_flight`:
-HTTP/2 streams for APNs; each worker sends the next delivery as its previous one is answered)
-and keeps taking tokens while those chunks are in flight. When a group gets fewer
-tokens than it asks for, the worker sleeps for the shaper's `wait_s` (the backlog stays in
-Kafka: backpressure) up to `shape_max_wait_s` per round; what is still not granted then is
-returned as `deferred` (the caller requeues it through the retry topic, no attempt counted).
+loop at once (queued for the provider's pool of as many workers as the client takes requests at
+once, its `in_flight`: HTTP/2 streams for APNs; each worker sends the next delivery as its
+previous one is answered) and keeps taking tokens while those chunks are in flight. When a
+group gets fewer tokens than it asks for, the worker sleeps for the shaper's `wait_s` (the
+backlog stays in Kafka: backpressure) up to `shape_max_wait_s` per round; what is still not
+granted then is returned as `deferred` (the caller requeues it through the retry topic, no
+attempt counted).
 Outcomes are settled (decided, events built) as chunks complete, inside those waits, so the
 worker's own work overlaps the token waits instead of adding a gap after the last chunk.
 
@@ -18,10 +19,11 @@ SENDING events are emitted when a chunk is submitted. A client that raises (a bu
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from datetime import datetime
 from typing import Any, cast
 
@@ -60,6 +62,7 @@ class ShapedSender:
         self.max_wait_s = max_wait_s
         self.clock = clock
         self.sleep = sleep
+        self._pools: dict[str, _Pool] = {}  # provider -> its sends (on the loop thread)
 
     def send(
         self,
@@ -152,23 +155,57 @@ class ShapedSender:
         futures.append((chunk, self.providers.loop.submit(self._send_all(provider, deliveries))))
 
     async def _send_all(self, provider: str, deliveries: list[dict[str, Any]]) -> list[Outcome]:
-        """Every delivery's outcome, in order: as many workers as the client takes requests
-        at once, each sending the next delivery as its previous one is answered (one task
-        per worker, not per send: no send waits on the client's semaphore in a queue)."""
-        client = self.providers.client(provider)
-        send = client.send
-        out: list[Outcome | None] = [None] * len(deliveries)
-        todo = iter(enumerate(deliveries))
+        """Every delivery's outcome, in order, sent on the provider's `_Pool` (loop thread)."""
+        pool = self._pools.get(provider)
+        if pool is None:
+            client = self.providers.client(provider)
+            pool = self._pools[provider] = _Pool(provider, client.send, client.in_flight)
+        return await pool.send(deliveries)
 
-        async def worker() -> None:
-            for i, delivery in todo:
-                try:
-                    out[i] = await send(delivery)
-                except Exception as exc:  # a client bug: the request may have left
-                    log.error("dispatch.client_error provider=%s error=%s",
-                              provider, type(exc).__name__)  # fmt: skip
-                    out[i] = Unknown("client_error", provider=provider)
 
-        workers = min(len(deliveries), max(1, client.in_flight))
-        await asyncio.gather(*(worker() for _ in range(workers)))
-        return cast(list[Outcome], out)
+class _Pool:
+    """The sends of one provider on the partition's event loop: the deliveries of every chunk
+    in flight in one queue, taken in order by at most as many workers as the client takes
+    requests at once (`in_flight`), each sending the next delivery as its previous one is
+    answered. One task per worker, not per send, and one pool for all chunks: a chunk handed
+    over while the previous ones are still sending adds to the queue instead of starting
+    workers that would wait on the client's semaphore (the shaper grants a bulk batch in
+    pieces of the bucket's depth, so a batch's chunks overlap). Loop thread only."""
+
+    def __init__(
+        self, provider: str, send: Callable[[Any], Coroutine[Any, Any, Outcome]], in_flight: int
+    ) -> None:
+        self.provider = provider
+        self._send = send
+        self.in_flight = max(1, in_flight)
+        # (delivery, its chunk's outcomes, index, the chunk's future, the chunk's count left)
+        self._queue: collections.deque[tuple[Any, list[Any], int, asyncio.Future[list[Any]],
+                                             list[int]]] = collections.deque()  # fmt: skip
+        self._workers: set[asyncio.Task[None]] = set()
+
+    async def send(self, deliveries: list[dict[str, Any]]) -> list[Outcome]:
+        if not deliveries:
+            return []
+        done: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
+        out: list[Any] = [None] * len(deliveries)
+        left = [len(deliveries)]
+        self._queue.extend((d, out, i, done, left) for i, d in enumerate(deliveries))
+        for _ in range(min(len(self._queue), self.in_flight - len(self._workers))):
+            task = asyncio.create_task(self._work())
+            self._workers.add(task)
+            task.add_done_callback(self._workers.discard)
+        return cast(list[Outcome], await done)
+
+    async def _work(self) -> None:
+        queue, send = self._queue, self._send
+        while queue:
+            delivery, out, i, done, left = queue.popleft()
+            try:
+                out[i] = await send(delivery)
+            except Exception as exc:  # a client bug: the request may have left
+                log.error("dispatch.client_error provider=%s error=%s",
+                          self.provider, type(exc).__name__)  # fmt: skip
+                out[i] = Unknown("client_error", provider=self.provider)
+            left[0] -= 1
+            if not left[0] and not done.done():
+                done.set_result(out)

@@ -11,6 +11,7 @@ import pytest
 
 from herald.dispatching import retry_policy
 from herald.outcomes import Accepted, Outcome, Unknown
+from herald.shaping import Grant
 from sinks.dispatch.clients import Providers
 from sinks.dispatch.loop import LoopThread
 from sinks.dispatch.sending import ShapedSender
@@ -79,3 +80,32 @@ def test_a_chunk_is_sent_by_in_flight_workers_and_answered_in_order(loop: LoopTh
             assert outcome.provider_msg_id == f"m-{it.delivery_id}"
     assert client.most == 3  # never more calls at once than the client takes
     assert [e["state"] for e in events] == ["SENDING"] * 10
+
+
+class _Pieces:
+    """A shaper that grants `piece` tokens at a time, each 1 ms after the previous one."""
+
+    def __init__(self, piece: int) -> None:
+        self.piece = piece
+        self.grants = 0
+
+    def acquire(self, provider: str, traffic_class: str, tenant: str, n: int) -> Grant:
+        self.grants += 1
+        granted = min(n, self.piece)
+        return Grant(granted, 0.0 if granted == n else 0.001, 0.0)
+
+
+def test_chunks_in_flight_together_share_the_providers_workers(loop: LoopThread) -> None:
+    client = _Counting(in_flight=4)
+    providers = Providers(loop, {"fake": lambda: client})
+    shaper = _Pieces(piece=3)
+    sender = ShapedSender(providers, shaper, frozenset({"fake"}), max_wait_s=5.0, clock=now)  # type: ignore[arg-type]
+    items = [_item(delivery("push", address=f"t{i % 10}", traffic_class="bulk")) for i in range(30)]
+    events: list[dict[str, Any]] = []
+    settled: list[tuple[str, Outcome]] = []
+    deferred = sender.send(items, events, lambda it, o: settled.append((it.delivery_id, o)))
+    assert deferred == []
+    assert shaper.grants == 10  # ten chunks of three, handed over while earlier ones were sent
+    assert [d for d, _ in settled] == [it.delivery_id for it in items]
+    assert all(isinstance(o, Accepted) for _, o in settled)
+    assert client.most == 4  # the chunks' sends together never more than the client takes

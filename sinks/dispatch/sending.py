@@ -181,7 +181,8 @@ class _Pool:
         # (delivery, its chunk's outcomes, index, the chunk's future, the chunk's count left)
         self._queue: collections.deque[tuple[Any, list[Any], int, asyncio.Future[list[Any]],
                                              list[int]]] = collections.deque()  # fmt: skip
-        self._workers: set[asyncio.Task[None]] = set()
+        self._working = 0  # workers taking from the queue (counted down as they leave it)
+        self._tasks: set[asyncio.Task[None]] = set()  # held until done (the loop holds weakly)
 
     async def send(self, deliveries: list[dict[str, Any]]) -> list[Outcome]:
         if not deliveries:
@@ -190,22 +191,28 @@ class _Pool:
         out: list[Any] = [None] * len(deliveries)
         left = [len(deliveries)]
         self._queue.extend((d, out, i, done, left) for i, d in enumerate(deliveries))
-        for _ in range(min(len(self._queue), self.in_flight - len(self._workers))):
+        for _ in range(min(len(self._queue), self.in_flight - self._working)):
+            self._working += 1
             task = asyncio.create_task(self._work())
-            self._workers.add(task)
-            task.add_done_callback(self._workers.discard)
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
         return cast(list[Outcome], await done)
 
     async def _work(self) -> None:
+        # `_working` drops in the same step that finds the queue empty: a chunk handed over
+        # right after sees the worker gone (a done task's callbacks run a loop turn later).
         queue, send = self._queue, self._send
-        while queue:
-            delivery, out, i, done, left = queue.popleft()
-            try:
-                out[i] = await send(delivery)
-            except Exception as exc:  # a client bug: the request may have left
-                log.error("dispatch.client_error provider=%s error=%s",
-                          self.provider, type(exc).__name__)  # fmt: skip
-                out[i] = Unknown("client_error", provider=self.provider)
-            left[0] -= 1
-            if not left[0] and not done.done():
-                done.set_result(out)
+        try:
+            while queue:
+                delivery, out, i, done, left = queue.popleft()
+                try:
+                    out[i] = await send(delivery)
+                except Exception as exc:  # a client bug: the request may have left
+                    log.error("dispatch.client_error provider=%s error=%s",
+                              self.provider, type(exc).__name__)  # fmt: skip
+                    out[i] = Unknown("client_error", provider=self.provider)
+                left[0] -= 1
+                if not left[0] and not done.done():
+                    done.set_result(out)
+        finally:
+            self._working -= 1

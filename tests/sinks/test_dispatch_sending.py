@@ -14,7 +14,7 @@ from herald.outcomes import Accepted, Outcome, Unknown
 from herald.shaping import Grant
 from sinks.dispatch.clients import Providers
 from sinks.dispatch.loop import LoopThread
-from sinks.dispatch.sending import ShapedSender
+from sinks.dispatch.sending import ShapedSender, _Pool
 from sinks.dispatch.settings import DispatchSettings
 from sinks.dispatch.work import Item
 from tests.sinks.dispatch_helpers import delivery, now
@@ -109,3 +109,18 @@ def test_chunks_in_flight_together_share_the_providers_workers(loop: LoopThread)
     assert [d for d, _ in settled] == [it.delivery_id for it in items]
     assert all(isinstance(o, Accepted) for _, o in settled)
     assert client.most == 4  # the chunks' sends together never more than the client takes
+
+
+def test_a_chunk_handed_over_as_the_last_worker_leaves_is_still_sent(loop: LoopThread) -> None:
+    """The worker that answers a chunk's last delivery leaves in that step (its task's
+    callbacks run a loop turn later): the next chunk, handed over before then, starts one."""
+    client = _Counting(in_flight=1)
+    pool = _Pool("fake", client.send, client.in_flight)
+    chunks = [[delivery("push", address="t9", traffic_class="bulk")] for _ in range(3)]
+
+    async def one_after_another() -> list[list[Outcome]]:
+        return [await pool.send(chunk) for chunk in chunks]
+
+    answers = loop.run(asyncio.wait_for(one_after_another(), 5.0), timeout=10.0)
+    assert [len(a) for a in answers] == [1, 1, 1]
+    assert all(isinstance(a[0], Accepted) for a in answers)

@@ -1,9 +1,8 @@
 """Managed subprocesses: start in their own process group, log to a file, stop for good.
 
-Every embedded service and job is a plain OS process (no Docker). Each runs in a new process
-group so that stopping it also stops whatever it spawned (Bytewax workers, chDB threads);
-nothing is left behind after `stop()`. They stay in the session of the process that started
-them, and so in one scheduling group (see `_lower_priority`).
+Every embedded service and job is a plain OS process (no Docker). Each runs in a new session
+so that stopping it also stops whatever it spawned (Bytewax workers, chDB threads); nothing
+is left behind after `stop()`.
 """
 
 from __future__ import annotations
@@ -44,30 +43,23 @@ def _child_setup(nice: int = 0) -> None:  # pragma: no cover - runs in the child
 
 
 def _lower_priority(nice: int) -> None:  # pragma: no cover - runs in the child before exec
-    """Add `nice` to this process's nice value; at 19, the lowest, also Linux's SCHED_IDLE
-    policy: the process runs only on CPU time no normal process wants, and gives it up the
-    moment one wakes.
+    """Add `nice` to this process's nice value, and to its session's scheduling group.
 
-    Both rank a process against the others of its scheduling group. With Linux's autogroup
-    scheduling (on by default) the group is the session, and the components run in the session
-    of the process that started them (a process group each, not a session each): one group,
-    where nice and SCHED_IDLE rank them against each other. (When each ran in its own session,
-    a nice value counted only as written to the session's group, /proc/self/autogroup; with one
-    group and the send pool, sinks/dispatch/sending.py, a 50k push campaign drained at a median
-    of 5,742 against 5,386 sends/s, bench/results/fullstack_ab_session34.md.)
+    With Linux's autogroup scheduling (on by default on desktop and server kernels) the CPU is
+    shared between sessions first, and every child starts its own session (start_new_session):
+    a nice value then only ranks a process against its own session, so the group's own nice
+    value (/proc/self/autogroup) is the one that counts against the other components.
     """
     os.nice(nice)
-    if nice >= 19 and hasattr(os, "sched_setscheduler"):
-        with contextlib.suppress(OSError):
-            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    with contextlib.suppress(OSError), open("/proc/self/autogroup", "w") as group:
+        group.write(str(nice))
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
     """Ask Linux to SIGTERM this child when the process that started it dies (even by SIGKILL).
 
-    Children run in their own process group (so Ctrl-C at the terminal reaches only the
-    supervisor, which then stops them in order); this makes sure a supervisor killed without
-    warning leaves nothing behind.
+    Children run in their own session (so Ctrl-C reaches only the supervisor, which then stops
+    them in order); this makes sure a supervisor killed without warning leaves nothing behind.
     """
     import ctypes
 
@@ -221,7 +213,7 @@ class ManagedProcess:
                 stderr=subprocess.STDOUT,
                 env=env,
                 cwd=self.cwd,
-                process_group=0,  # a group of its own, in the starter's session
+                start_new_session=True,
                 preexec_fn=functools.partial(_child_setup, self.nice),
             )
         log.info("process.started name=%s pid=%s", self.name, self.proc.pid)

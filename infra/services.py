@@ -351,16 +351,14 @@ def _users_restored(ctx: Ctx) -> bool:
 SPARES = frozenset({"plan_transactional", "dispatch_transactional"})
 
 # Processes that yield the CPU to the sending path when the machine is saturated (a nice value
-# added at start, ranked within the stack's session, infra/process.py `_lower_priority`; 19
-# also means SCHED_IDLE; 0 for everything else). They record what happened rather than make
-# it happen: during a 50k push campaign on 2 cores the
+# added at start, to the process and to its session's autogroup; 0 for everything else). They
+# record what happened rather than make it happen: during a 50k push campaign on 2 cores the
 # receipts fold, the warehouse and ClickHouse took ~90 % of one core and the dispatch job drained
 # ~2,000 sends/s; with receipts and warehouse paused it drained 4,250/s, niced (19) 2,950/s
 # (bench/results/fullstack_session18). Niced, they fall behind while a campaign saturates the
 # machine and catch up after it: ClickHouse trails the sends by that much.
-# The warehouse yields the most (19, SCHED_IDLE). Receipts writes the hot status the API
-# answers with: at 19 it wrote none for 240 s while a two-process stack settled
-# (tests/infra/test_scaleout.py).
+# The warehouse yields the most (19). Receipts writes the hot status the API answers with: at
+# 19 it wrote none for 240 s while a two-process stack settled (tests/infra/test_scaleout.py).
 # At 5 its weight is a third of a normal process's: it still got its ~20 % of a core while a
 # 50k push campaign drained, but waits when the sending path wakes, and the campaign drained at
 # a median of 5,217 against 4,890 sends/s with receipts at 0 (eight and fourteen campaigns on

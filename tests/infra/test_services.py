@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -48,32 +47,18 @@ def test_only_the_recording_processes_yield_the_cpu(monkeypatch: pytest.MonkeyPa
     assert not any(nice_of(c, RunSettings().nice) for c in [*SERVICES, *jobs(1)])
 
 
-def _probe(tmp_path: Path, nice: int) -> tuple[int, str, int, int]:
-    """(nice value, scheduling policy, session id, process group id) of a managed process."""
+def test_a_niced_process_yields_to_other_sessions_too(tmp_path: Path) -> None:
+    """Every component runs in its own session; with autogroup scheduling the session's group
+    carries the nice value that ranks it against the others."""
     probe = (
-        "import os; print(os.nice(0), os.sched_getscheduler(0) == os.SCHED_IDLE,"
-        " os.getsid(0), os.getpgid(0))"
+        "import os, pathlib; g = pathlib.Path('/proc/self/autogroup');"
+        " print(os.nice(0), g.read_text().split()[-1] if g.exists() else 'none')"
     )
-    log = tmp_path / f"probe{nice}.log"
-    proc = ManagedProcess("probe", [sys.executable, "-c", probe], log, nice=nice)
+    proc = ManagedProcess("probe", [sys.executable, "-c", probe], tmp_path / "probe.log", nice=7)
     proc.start()
     assert proc.proc is not None
     assert proc.proc.wait(timeout=30) == 0
-    value, idle, sid, pgid = log.read_text().split()
-    assert pgid == str(proc.proc.pid)  # a process group of its own: stopped with its children
-    return int(value), "idle" if idle == "True" else "normal", int(sid), int(pgid)
-
-
-def test_niced_processes_yield_to_the_others_of_the_stacks_scheduling_group(
-    tmp_path: Path,
-) -> None:
-    """The components stay in the starter's session, so Linux's autogroup scheduler puts them
-    in one group, where nice values and SCHED_IDLE rank them against each other."""
-    value, policy, sid, _ = _probe(tmp_path, nice=7)
-    assert value >= 7
-    assert policy == "normal"
-    assert sid == os.getsid(0)  # the same session, the same autogroup
-    value, policy, sid, _ = _probe(tmp_path, nice=NICE["warehouse"])
-    assert value == 19
-    assert policy == "idle"  # runs only on CPU time nothing else wants
-    assert sid == os.getsid(0)
+    process_nice, group_nice = (tmp_path / "probe.log").read_text().split()
+    assert int(process_nice) >= 7
+    if group_nice != "none":  # a kernel without autogroup has no such file
+        assert int(group_nice) >= 7

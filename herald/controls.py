@@ -19,8 +19,11 @@ Who reads what (each a check, never a copy that could go stale):
   `cancelled` (so every user of the audience ends in a state, and the counts add up);
 - dispatch checks once per batch, just before sending: a cancelled delivery ends SUPPRESSED
   `cancelled`, a paused one is parked (SCHEDULED `paused`); otherwise the worker takes a lease.
-  The API answers a cancel or a pause once no lease is left (or after its settle time): no send
-  starts after that answer.
+  While a batch waits for rate tokens (a campaign at its budget: a slice can take up to the
+  shaping wait), it checks again every `control_recheck_s` and withholds what is not sent yet
+  the same way, so a pause or cancel takes effect within about that time, not at the end of
+  the batch. The API answers a cancel or a pause once no lease is left (or after its settle
+  time): no send starts after that answer.
 """
 
 from __future__ import annotations
@@ -144,6 +147,22 @@ class DispatchControls:
                 found[nid] = text
             else:
                 self._held.append(nid)
+        return found
+
+    def check(self, notification_ids: Iterable[str]) -> dict[str, str]:
+        """{nid: paused | cancelled} for the notifications that are no longer running (one
+        pipelined round trip; no lease taken: the batch holds them already)."""
+        nids = list(dict.fromkeys(notification_ids))
+        if not nids:
+            return {}
+        pipe = self.client.pipeline(transaction=False)
+        for nid in nids:
+            pipe.hget(header_key(nid), "control")
+        found: dict[str, str] = {}
+        for nid, control in zip(nids, pipe.execute(), strict=True):
+            text = _text(control)
+            if text in (PAUSED, CANCELLED):
+                found[nid] = text
         return found
 
     def park(self, entries: list[tuple[str, str]]) -> list[bool]:

@@ -24,7 +24,9 @@ Stages (herald.dispatching holds the pure rules, herald.retry the decisions):
    planning; `herald.policy.quiet_end`) → held again: a SCHEDULED `quiet_hours` event and the
    delivery back to the retry topic, due when the window ends (the retry job holds it);
 4. rounds: breaker admission per delivery (a refused one fails over or is requeued without
-   counting an attempt), shaped sends (sinks/dispatch/sending.py), `decide` per outcome,
+   counting an attempt), shaped sends (sinks/dispatch/sending.py; while they wait for rate
+   tokens the control is checked again every `control_recheck_s`, and what a pause or cancel
+   meets unsent is parked or suppressed as in stage 1, its guard released), `decide` per outcome,
    effects applied, each chunk's answers counted in the breaker together (at most one Redis
    sync per chunk); a failover (SMS A→B) goes into the next round at once, same guard;
 5. guards: SENT for accepted (transactional) as each chunk's answers arrive (one pipelined
@@ -88,7 +90,7 @@ from sinks.dispatch.contacts import ContactStore
 from sinks.dispatch.escalation import READ_FIRST, EscalationCheck
 from sinks.dispatch.fallback import FallbackRouter, ends, unusable
 from sinks.dispatch.reconcile import Reconciler
-from sinks.dispatch.sending import ShapedSender
+from sinks.dispatch.sending import Recheck, ShapedSender
 from sinks.dispatch.settings import DispatchSettings
 from sinks.dispatch.work import DeadLetterOut, Item, Outputs
 
@@ -253,6 +255,26 @@ class Dispatcher:
             return items
         now = self.clock()
         found = self.controls.hold((it.delivery["notification_id"] for it in items), _ms(now))
+        return self._withheld(items, found, now, out)
+
+    def _recheck(self, out: Outputs) -> Recheck | None:
+        """The sender's mid-batch check: the waiting items of notifications paused or cancelled
+        since the batch began are withheld as `_controlled` does (their guards released)."""
+        controls = self.controls
+        if controls is None:
+            return None
+
+        def recheck(waiting: list[Item]) -> list[Item]:
+            found = controls.check(it.delivery["notification_id"] for it in waiting)
+            return self._withheld(waiting, found, self.clock(), out)
+
+        return recheck
+
+    def _withheld(
+        self, items: list[Item], found: dict[str, str], now: datetime, out: Outputs
+    ) -> list[Item]:
+        """`items` whose notification is not in `found` (nid -> paused | cancelled); the
+        others end SUPPRESSED `cancelled` or are parked, unsent, their guard released."""
         if not found:
             return items
         kept: list[Item] = []
@@ -271,6 +293,8 @@ class Dispatcher:
                 self.metrics.suppressed("cancelled")
             else:
                 out.parked.append(it.delivery)
+            it.guard_op = "release"
+            self._release(it)
         return kept
 
     def _escalated(self, items: list[Item], out: Outputs) -> list[Item]:
@@ -364,7 +388,8 @@ class Dispatcher:
                 if it.guard is not None and it.guard.two_phase:
                     self._answered.append(it)
 
-        deferred = self.sender.send(ready, out.events, settle, self._chunk_settled)
+        deferred = self.sender.send(ready, out.events, settle, self._chunk_settled,
+                                    self._recheck(out))  # fmt: skip
         now = self.clock()
         for it in deferred:
             self._defer(it, now, out)

@@ -8,7 +8,9 @@ previous one is answered) and keeps taking tokens while those chunks are in flig
 group gets fewer tokens than it asks for, the worker sleeps for the shaper's `wait_s` (the
 backlog stays in Kafka: backpressure) up to `shape_max_wait_s` per round; what is still not
 granted then is returned as `deferred` (the caller requeues it through the retry topic, no
-attempt counted).
+attempt counted). Every `recheck_s` of such waiting, the caller's `recheck` sees the items not
+granted yet and withholds those it must no longer send (a paused or cancelled notification:
+the caller records their fate).
 Outcomes are settled (decided, events built) as chunks complete, inside those waits, so the
 worker's own work overlaps the token waits instead of adding a gap after the last chunk.
 
@@ -40,6 +42,8 @@ log = logging.getLogger(__name__)
 
 Settle = Callable[[Item, Outcome], None]
 Settled = Callable[[], None]
+Recheck = Callable[[list[Item]], list[Item]]  # the items still to send
+Groups = dict[tuple[str, str], list[Item]]  # (provider, tenant) -> items
 Pending = tuple[list[Item], concurrent.futures.Future[list[Outcome]]]
 
 
@@ -55,11 +59,13 @@ class ShapedSender:
         max_wait_s: float,
         clock: Callable[[], datetime],
         sleep: Callable[[float], None] = time.sleep,
+        recheck_s: float = 0.5,
     ) -> None:
         self.providers = providers
         self.shaper = shaper
         self.shaped = shaped
         self.max_wait_s = max_wait_s
+        self.recheck_s = recheck_s
         self.clock = clock
         self.sleep = sleep
         self._pools: dict[str, _Pool] = {}  # provider -> its sends (on the loop thread)
@@ -70,20 +76,23 @@ class ShapedSender:
         events: list[dict[str, Any]],
         settle: Settle,
         settled: Settled | None = None,
+        recheck: Recheck | None = None,
     ) -> list[Item]:
         """Send `items` (SENDING events appended to `events`); `settle(item, outcome)` is called
         for each as its outcome arrives — while the worker waits for tokens too, so deciding
         and building events overlaps the shaping waits — and `settled()` after each chunk's
-        outcomes (the caller records them before the next chunk's). Returns the items not
+        outcomes (the caller records them before the next chunk's); `recheck(waiting)` every
+        `recheck_s` of waiting for tokens, keeping only what it returns. Returns the items not
         granted tokens within `max_wait_s` (deferred)."""
         if not items:
             return []
         self.providers.ensure([it.provider for it in items])
-        groups: dict[tuple[str, str], list[Item]] = {}
+        groups: Groups = {}
         for it in items:
             groups.setdefault((it.provider, str(it.delivery["tenant_id"])), []).append(it)
         futures: list[Pending] = []
-        deadline = time.monotonic() + self.max_wait_s
+        start = time.monotonic()
+        deadline, check_at = start + self.max_wait_s, start + self.recheck_s
         while groups:
             wait = self._grant_round(groups, futures, events)
             if not groups or time.monotonic() + wait > deadline:
@@ -93,6 +102,9 @@ class ShapedSender:
             left = until - time.monotonic()
             if left > 0:
                 self.sleep(left)
+            if recheck is not None and time.monotonic() >= check_at:
+                groups = _kept(groups, recheck)
+                check_at = time.monotonic() + self.recheck_s
         self._harvest(futures, settle, settled, block=True)
         return [it for group in groups.values() for it in group]
 
@@ -114,7 +126,7 @@ class ShapedSender:
 
     def _grant_round(
         self,
-        groups: dict[tuple[str, str], list[Item]],
+        groups: Groups,
         futures: list[Pending],
         events: list[dict[str, Any]],
     ) -> float:
@@ -161,6 +173,13 @@ class ShapedSender:
             client = self.providers.client(provider)
             pool = self._pools[provider] = _Pool(provider, client.send, client.in_flight)
         return await pool.send(deliveries)
+
+
+def _kept(groups: Groups, recheck: Recheck) -> Groups:
+    """`groups` without the items `recheck` withholds (one call for all of them)."""
+    kept = {id(it) for it in recheck([it for group in groups.values() for it in group])}
+    left = {key: [it for it in group if id(it) in kept] for key, group in groups.items()}
+    return {key: group for key, group in left.items() if group}
 
 
 class _Pool:

@@ -148,6 +148,9 @@ class DispatchSettings(BaseSettings):
     # A worker's send lease on a notification (herald.controls): a cancel or pause is answered
     # once none is left, so it outlasts a batch's sends (a dead worker's lapses after it).
     control_lease_s: float = Field(default=60.0, gt=0)
+    # While a batch waits for rate tokens, how often it checks again for a pause or cancel of
+    # its notifications (one Redis round trip): how late a pause may take effect mid-batch.
+    control_recheck_s: float = Field(default=0.5, gt=0)
 
     @model_validator(mode="after")
     def _check(self) -> DispatchSettings:

@@ -123,7 +123,8 @@ class DispatchPartition(StatelessSinkPartition[Decoded]):
         factories = sink.factories or default_factories(settings.redis.url)
         self.providers = Providers(self.loop, factories)
         sender = ShapedSender(self.providers, shaper, frozenset(cfg.rates),
-                              max_wait_s=cfg.shape_max_wait_s, clock=utc_now)  # fmt: skip
+                              max_wait_s=cfg.shape_max_wait_s, clock=utc_now,
+                              recheck_s=cfg.control_recheck_s)  # fmt: skip
         self.contacts = ContactStore(self.redis, cluster=settings.redis.cluster)
         seat = f"{settings.kafka.topic_prefix}{name}"
         self.controls = DispatchControls(self.redis, seat, cfg.control_lease_s)

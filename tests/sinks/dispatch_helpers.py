@@ -147,7 +147,8 @@ class Harness:
         self.loop = LoopThread("test-dispatch")
         self.providers = Providers(self.loop, fac)
         sender = ShapedSender(self.providers, self.shaper, frozenset(cfg.rates),
-                              max_wait_s=cfg.shape_max_wait_s, clock=now)  # fmt: skip
+                              max_wait_s=cfg.shape_max_wait_s, clock=now,
+                              recheck_s=cfg.control_recheck_s)  # fmt: skip
         self.contacts = ContactStore(self.redis)
         self.controls = DispatchControls(self.redis, f"test-{uuid.uuid4().hex[:6]}",
                                          cfg.control_lease_s)  # fmt: skip

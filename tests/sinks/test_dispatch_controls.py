@@ -4,6 +4,8 @@ is given back after the batch."""
 
 from __future__ import annotations
 
+import threading
+import time
 import uuid
 
 import pytest
@@ -14,7 +16,14 @@ from herald.guard import Proceed
 from herald.status_keys import header_key, request_header
 from infra.simulators.launcher import RunningSimulator
 from sinks.dispatch.work import Item
-from tests.sinks.dispatch_helpers import accepted_for, delivery, factories, harness, states
+from tests.sinks.dispatch_helpers import (
+    accepted_for,
+    delivery,
+    dispatch_settings,
+    factories,
+    harness,
+    states,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -90,3 +99,54 @@ def test_parking_is_refused_once_the_notification_is_no_longer_paused(url: str) 
     )
     assert client.llen(f"parked:{{{resumed}}}") == 0
     client.close()
+
+
+@pytest.mark.parametrize("control", ["paused", "cancelled"])
+def test_a_control_met_while_a_batch_waits_for_tokens_withholds_the_rest(
+    apns: RunningSimulator, url: str, control: str
+) -> None:
+    """A campaign batch at its budget takes seconds (here 400 sends at 200/s): a pause or cancel
+    set while it waits for tokens takes effect within `control_recheck_s`, not at its end.
+    The rest is parked (or suppressed) unsent, its guards released, and nothing is sent twice."""
+    nid, total = str(uuid.uuid4()), 400
+    batch = [delivery(notification_id=nid, traffic_class="bulk", category="marketing",
+                      notification_type="marketing_campaign") for _ in range(total)]  # fmt: skip
+    cfg = dispatch_settings(rates={"apns": {"rate": 200, "reserved": 0}}, pending_ttl_s=30.0,
+                            shape_max_wait_s=5.0, control_recheck_s=0.2)  # fmt: skip
+    addresses = {d["address"] for d in batch}
+
+    def sent() -> int:
+        counts = apns.stats()["accepted_ids"]
+        return sum(len(counts.get(a, [])) for a in addresses)
+
+    with harness(url, factories({"apns": apns}, url), cfg) as h:
+        _notification(h.redis, nid, None)
+
+        def interrupt() -> None:  # from the moment 40 messages reached the provider
+            deadline = time.monotonic() + 10
+            while sent() < 40 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            h.redis.hset(header_key(nid), "control", control)
+
+        thread = threading.Thread(target=interrupt)
+        thread.start()
+        out = h.run(batch)
+        thread.join()
+        accepted = {e["delivery_id"] for e in out.events if e["state"] == "PROVIDER_ACCEPTED"}
+        held = [e for e in out.events if e["state"] in ("SCHEDULED", "SUPPRESSED")]
+        # 40 before the control, then at most a recheck's worth (0.2 s at 200/s) plus a bucket
+        assert 40 <= len(accepted) <= 40 + 120, len(accepted)
+        assert len(accepted) + len(held) == total  # every delivery decided, none deferred
+        reason = "cancelled" if control == "cancelled" else "paused"
+        assert {(e["state"], e["reason"]) for e in held} == {
+            ("SUPPRESSED" if control == "cancelled" else "SCHEDULED", reason)
+        }
+        assert not accepted & {e["delivery_id"] for e in held}
+        parked = {d["delivery_id"] for d in out.parked}
+        assert parked == (set() if control == "cancelled" else {e["delivery_id"] for e in held})
+        assert sent() == len(accepted)  # what was withheld never reached the provider
+        # their guards were released: a resume sends them (bulk is at most once per claim)
+        first = next(iter({e["delivery_id"] for e in held}))
+        assert isinstance(h.guard.acquire_many([(first, "bulk")])[0], Proceed)
+        fields = [f for f in h.redis.hkeys(header_key(nid)) if f.startswith(b"lease:")]
+        assert fields == []  # the batch's lease given back

@@ -2,7 +2,7 @@
 
     python -m bench.serde [--quick]
 
-Why Herald keeps its own Avro code (schemas/avro_writer.py, schemas/serde.py) beside
+Why Herald keeps its own Avro code (schemas/avro_writer.py, schemas/avro_reader.py) beside
 confluent-kafka's `AvroSerializer` / `AvroDeserializer` (fastavro underneath): every record of
 the pipeline is encoded and decoded by them, several times per delivery. For the three records
 of the hot path (delivery_event, delivery, notification_request: tests/schemas/examples.py) this

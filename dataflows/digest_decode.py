@@ -25,6 +25,7 @@ from typing import Any
 
 from herald.digest import to_ms
 from schemas import canonical_json, schema_text
+from schemas.avro_reader import read_long
 from schemas.registry import SchemaNotFoundError, SchemaRegistry
 from schemas.serde import AvroDeserializer
 
@@ -38,18 +39,6 @@ FIELDS = (
 
 Decoded = tuple[str, str, str, str | None, str, str | None, str | None, int, str]
 _UNSEEN = object()
-
-
-def _long(data: bytes, pos: int) -> tuple[int, int]:
-    """A zigzag varint at `pos`: (value, next position). IndexError when the data ends."""
-    n = shift = 0
-    while True:
-        b = data[pos]
-        pos += 1
-        n |= (b & 0x7F) << shift
-        if b < 0x80:
-            return (n >> 1) ^ -(n & 1), pos
-        shift += 7
 
 
 _STRING = """\
@@ -100,7 +89,7 @@ def compile_decoder(schema: dict[str, Any]) -> Callable[[bytes], tuple[Any, ...]
         "        raise ValueError",
         f"    return ({', '.join(names)},)",
     ]
-    namespace: dict[str, Any] = {"_long": _long}
+    namespace: dict[str, Any] = {"_long": read_long}
     exec("\n".join(lines), namespace)  # noqa: S102 - code generated from the schema, not data
     return namespace["decode"]  # type: ignore[no-any-return]
 

@@ -36,6 +36,7 @@ from fastavro.validation import validate
 
 from herald.errors import SerdeError
 from schemas import canonical_json, load_schema, schema_text
+from schemas.avro_reader import REFUSED, Reader, compile_reader
 from schemas.avro_writer import Writer, compile_writer
 from schemas.registry import SchemaNotFoundError, SchemaRegistry
 
@@ -332,7 +333,9 @@ class AvroDeserializer:
     Writer schemas are fetched and parsed once per id. Timestamps come back as tz-aware UTC
     datetimes, or, with `timestamps="millis"`, as the epoch milliseconds on the wire (no
     datetime built per field: about 40% less decoding CPU, for a hot path whose code takes both
-    forms; `AvroSerializer` takes both too). Thread-safe.
+    forms; `AvroSerializer` takes both too). A record written with the schema it is read as
+    is read by code compiled from that schema (schemas/avro_reader.py, ~1.5x faster), any other
+    by fastavro, which also decides every record the compiled code refuses. Thread-safe.
     """
 
     def __init__(
@@ -344,18 +347,20 @@ class AvroDeserializer:
     ) -> None:
         self.registry = registry
         self.reader_schema_name = reader_schema_name
-        self._parse = _parse_millis if timestamps == "millis" else _parse
+        self._millis = timestamps == "millis"
+        self._parse = _parse_millis if self._millis else _parse
         self._reader_text = (
             canonical_json(schema_text(reader_schema_name)) if reader_schema_name else None
         )
-        # schema id -> (parsed writer schema, parsed reader schema or None)
-        self._schemas: dict[int, tuple[Any, Any]] = {}
+        # schema id -> (parsed writer schema, parsed reader schema or None, compiled reader of
+        # the writer schema when no resolution is needed and it compiles, else None)
+        self._schemas: dict[int, tuple[Any, Any, Reader | None]] = {}
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"AvroDeserializer(reader_schema={self.reader_schema_name!r})"
 
-    def _schemas_for(self, schema_id: int) -> tuple[Any, Any]:
+    def _schemas_for(self, schema_id: int) -> tuple[Any, Any, Reader | None]:
         with self._lock:
             cached = self._schemas.get(schema_id)
             if cached is not None:
@@ -368,17 +373,24 @@ class AvroDeserializer:
                 writer = self._parse(json.loads(text))
             except Exception as exc:  # registry returned something that is not Avro
                 raise SerdeError("unknown_schema_id", f"schema id {schema_id}: {exc}") from exc
-            reader = None
+            reader, fast = None, None
             if self._reader_text is not None and canonical_json(text) != self._reader_text:
                 reader = self._parse(json.loads(self._reader_text))
-            self._schemas[schema_id] = (writer, reader)
-            return writer, reader
+            else:
+                fast = compile_reader(json.loads(text), millis=self._millis, offset=HEADER_SIZE)
+            self._schemas[schema_id] = (writer, reader, fast)
+            return writer, reader, fast
 
     def __call__(self, data: bytes | None) -> dict[str, Any]:
         """Decode one framed value; raises `SerdeError` with one of the module's reason codes."""
         schema_id = parse_header(data)
         assert data is not None  # parse_header rejected None
         schemas = self._schemas.get(schema_id) or self._schemas_for(schema_id)
+        if schemas[2] is not None:
+            try:
+                return schemas[2](data)  # schemas/avro_reader.py
+            except REFUSED:
+                pass  # fastavro decides: its reason code, or its record
         buf = io.BytesIO(data)
         buf.seek(HEADER_SIZE)
         try:

@@ -29,14 +29,13 @@ Who reads what (each a check, never a copy that could go stale):
 from __future__ import annotations
 
 import base64
+import logging
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING
+
+import redis
 
 from herald.states import State
 from herald.status_keys import header_key
-
-if TYPE_CHECKING:
-    import redis
 
 __all__ = [
     "CANCELLED",
@@ -52,6 +51,8 @@ __all__ = [
     "progress",
     "split_parked",
 ]
+
+log = logging.getLogger(__name__)
 
 RUNNING, PAUSED, CANCELLED = "running", "paused", "cancelled"
 CONTROLS = (RUNNING, PAUSED, CANCELLED)
@@ -151,15 +152,22 @@ class DispatchControls:
 
     def check(self, notification_ids: Iterable[str]) -> dict[str, str]:
         """{nid: paused | cancelled} for the notifications that are no longer running (one
-        pipelined round trip; no lease taken: the batch holds them already)."""
+        pipelined round trip; no lease taken: the batch holds them already). A check Redis
+        does not answer finds nothing: the batch goes on under its leases, and the API's
+        answer to a pause still waits for them."""
         nids = list(dict.fromkeys(notification_ids))
         if not nids:
             return {}
         pipe = self.client.pipeline(transaction=False)
         for nid in nids:
             pipe.hget(header_key(nid), "control")
+        try:
+            replies = pipe.execute()
+        except redis.RedisError as exc:
+            log.warning("dispatch.control_recheck_failed error=%s", type(exc).__name__)
+            return {}
         found: dict[str, str] = {}
-        for nid, control in zip(nids, pipe.execute(), strict=True):
+        for nid, control in zip(nids, replies, strict=True):
             text = _text(control)
             if text in (PAUSED, CANCELLED):
                 found[nid] = text

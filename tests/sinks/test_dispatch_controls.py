@@ -14,6 +14,7 @@ import redis
 from herald.controls import DispatchControls, parked_entry, split_parked
 from herald.guard import Proceed
 from herald.status_keys import header_key, request_header
+from infra.process import free_port
 from infra.simulators.launcher import RunningSimulator
 from sinks.dispatch.work import Item
 from tests.sinks.dispatch_helpers import (
@@ -150,3 +151,12 @@ def test_a_control_met_while_a_batch_waits_for_tokens_withholds_the_rest(
         assert isinstance(h.guard.acquire_many([(first, "bulk")])[0], Proceed)
         fields = [f for f in h.redis.hkeys(header_key(nid)) if f.startswith(b"lease:")]
         assert fields == []  # the batch's lease given back
+
+
+def test_a_recheck_redis_does_not_answer_finds_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    """The batch goes on under its leases (the API's answer to a pause waits for them)."""
+    client = redis.Redis(port=free_port(), socket_connect_timeout=0.5)
+    controls = DispatchControls(client, "seat-x", 60)
+    assert controls.check(["n-1", "n-2"]) == {}
+    assert "dispatch.control_recheck_failed" in caplog.text
+    client.close()

@@ -7,8 +7,9 @@
 Why: at 100k events/s the job has ~10 µs per event for everything; fastavro's
 `schemaless_reader` spends ~5 µs per social event, most of it in generic per-field dispatch
 and in building a datetime for `occurred_at`. Records written with exactly the reader schema
-(the normal case) are read by straight-line code generated from that schema once, returning a
-tuple in field order with `occurred_at` as epoch milliseconds.
+(the normal case) are read by straight-line code generated from that schema once
+(schemas/avro_reader.py, `as_tuple`), returning a tuple in field order with `occurred_at` as
+epoch milliseconds.
 
 Everything else takes the general path, `schemas.serde.AvroDeserializer`: records of another
 writer schema (resolved to the reader schema), and any record the fast code cannot read
@@ -25,11 +26,11 @@ from typing import Any
 
 from herald.digest import to_ms
 from schemas import canonical_json, schema_text
-from schemas.avro_reader import read_long
+from schemas.avro_reader import REFUSED, compile_reader
 from schemas.registry import SchemaNotFoundError, SchemaRegistry
-from schemas.serde import AvroDeserializer
+from schemas.serde import HEADER_SIZE, AvroDeserializer
 
-__all__ = ["FIELDS", "SocialEventDecoder", "compile_decoder"]
+__all__ = ["FIELDS", "SocialEventDecoder"]
 
 SCHEMA = "social_event"
 FIELDS = (
@@ -39,59 +40,6 @@ FIELDS = (
 
 Decoded = tuple[str, str, str, str | None, str, str | None, str | None, int, str]
 _UNSEEN = object()
-
-
-_STRING = """\
-    b = data[pos]
-    if b < 0x80:
-        n = b >> 1; pos += 1; neg = b & 1
-    else:
-        n, pos = _long(data, pos); neg = n < 0
-    end = pos + n
-    if neg or end > size:
-        raise IndexError
-    {target} = data[pos:end].decode(); pos = end
-"""
-_LONG = "    {target}, pos = _long(data, pos)\n"
-_OPTIONAL = (
-    "    b = data[pos]; pos += 1\n    if b == 0:\n        {target} = None\n    elif b == 2:\n"
-)
-
-
-def _field_code(ftype: Any, target: str) -> str | None:
-    """Straight-line code reading one field into `target`, or None if not supported."""
-    if ftype == "string":
-        return _STRING.format(target=target)
-    if ftype in ("long", "int") or ftype == {"type": "long", "logicalType": "timestamp-millis"}:
-        return _LONG.format(target=target)
-    if ftype == ["null", "string"]:
-        inner = "".join("    " + line + "\n" for line in _STRING.format(target=target).splitlines())
-        return _OPTIONAL.format(target=target) + inner + "    else:\n        raise IndexError\n"
-    return None
-
-
-def compile_decoder(schema: dict[str, Any]) -> Callable[[bytes], tuple[Any, ...]] | None:
-    """`framed bytes -> tuple of field values` for a record schema of strings, longs (and
-    timestamp-millis, left as ints) and optional strings; None for any other schema.
-
-    The function raises IndexError, ValueError or UnicodeDecodeError on a record it cannot
-    read (the caller then asks the general decoder why)."""
-    lines = ["def decode(data):", "    size = len(data)", "    pos = 5"]
-    names = []
-    for i, field in enumerate(schema.get("fields", ())):
-        code = _field_code(field["type"], f"f{i}")
-        if code is None:
-            return None
-        lines.append(code.rstrip("\n"))
-        names.append(f"f{i}")
-    lines += [
-        "    if pos != size:",
-        "        raise ValueError",
-        f"    return ({', '.join(names)},)",
-    ]
-    namespace: dict[str, Any] = {"_long": read_long}
-    exec("\n".join(lines), namespace)  # noqa: S102 - code generated from the schema, not data
-    return namespace["decode"]  # type: ignore[no-any-return]
 
 
 class SocialEventDecoder:
@@ -105,7 +53,7 @@ class SocialEventDecoder:
         self.registry = registry
         self.general = AvroDeserializer(registry, SCHEMA)
         self._reader_text = schema_text(SCHEMA)
-        self._fast_path = compile_decoder(reader)
+        self._fast_path = compile_reader(reader, millis=True, offset=HEADER_SIZE, as_tuple=True)
         self._by_id: dict[int, Callable[[bytes], tuple[Any, ...]] | None] = {}
 
     def __call__(self, data: bytes | None) -> Decoded:
@@ -117,7 +65,7 @@ class SocialEventDecoder:
             if fast is not None:
                 try:
                     return fast(data)  # type: ignore[operator,no-any-return]
-                except (IndexError, ValueError):  # UnicodeDecodeError is a ValueError
+                except REFUSED:
                     pass
         rec = self.general(data)  # raises SerdeError with the reason
         at = rec["occurred_at"]

@@ -30,7 +30,7 @@ from typing import Any
 
 __all__ = ["REFUSED", "Reader", "compile_reader", "read_long"]
 
-Reader = Callable[[bytes], dict[str, Any]]
+Reader = Callable[[bytes], Any]  # a record dict (a tuple of its values with `as_tuple`)
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 # What a reader raises on a record it cannot read (UnicodeDecodeError is a ValueError; a
 # timestamp out of datetime's range is an OverflowError).
@@ -140,7 +140,9 @@ class _Compiler:
                 *("    " + line for line in inner), "else:",
                 "    raise ValueError('bad union index')"]  # fmt: skip
 
-    def _record(self, schema: dict[str, Any], target: str, namespace: str) -> list[str] | None:
+    def _record(
+        self, schema: dict[str, Any], target: str, namespace: str, as_tuple: bool = False
+    ) -> list[str] | None:
         name = schema.get("name", "")
         space = schema.get("namespace", namespace)
         full = name if "." in name or not space else f"{space}.{name}"
@@ -149,16 +151,18 @@ class _Compiler:
         self.named[full] = schema
         self.visiting.add(full)
         lines: list[str] = []
-        pairs: list[str] = []
+        values: list[tuple[str, str]] = []  # (field name, variable)
         for field in schema.get("fields", ()):
             value = self.var()
             code = self.read(field["type"], value, space)
             if code is None:
                 return None
             lines += code
-            pairs.append(f"{field['name']!r}: {value}")
+            values.append((field["name"], value))
         self.visiting.discard(full)
-        return [*lines, f"{target} = {{{', '.join(pairs)}}}"]
+        if as_tuple:
+            return [*lines, f"{target} = ({''.join(f'{v}, ' for _, v in values)})"]
+        return [*lines, f"{target} = {{{', '.join(f'{n!r}: {v}' for n, v in values)}}}"]
 
     def _block(self, schema: dict[str, Any], target: str, namespace: str) -> list[str] | None:
         is_map = schema["type"] == "map"
@@ -181,13 +185,14 @@ class _Compiler:
 
 
 def compile_reader(
-    schema: dict[str, Any], *, millis: bool = False, offset: int = 0
+    schema: dict[str, Any], *, millis: bool = False, offset: int = 0, as_tuple: bool = False
 ) -> Reader | None:
     """A reader of records of `schema` starting `offset` bytes into the data (see the module
-    docstring), or None when the schema uses a type this module does not read."""
+    docstring), or None when the schema uses a type this module does not read. `as_tuple`:
+    the record's field values in field order instead of a dict (nested records stay dicts)."""
     if not isinstance(schema, dict) or schema.get("type") != "record":
         return None
-    body = _Compiler(millis).read(schema, "record")
+    body = _Compiler(millis)._record(schema, "record", "", as_tuple=as_tuple)
     if body is None:
         return None
     lines = [

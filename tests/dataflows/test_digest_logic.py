@@ -20,13 +20,14 @@ from hypothesis import strategies as st
 
 from dataflows._settings import Clock
 from dataflows.digest import SHARDS, DigestLogic, EventParser, shard_name
-from dataflows.digest_decode import FIELDS, SocialEventDecoder, compile_decoder
+from dataflows.digest_decode import FIELDS, SocialEventDecoder
 from herald.catalog import load_catalog
 from herald.digest import to_ms
 from herald.digest_shard import EventItem
 from herald.errors import SerdeError
 from herald.kafka_records import KafkaMessage
 from schemas import load_schema, schema_text
+from schemas.avro_reader import compile_reader
 from schemas.registry import FileRegistry
 from schemas.serde import AvroDeserializer, AvroSerializer
 
@@ -89,7 +90,8 @@ def test_fast_path_reads_what_fastavro_writes(
     buf = BytesIO()
     buf.write(b"\0\0\0\0\1")
     schemaless_writer(buf, load_schema("social_event"), rec)
-    decode = compile_decoder(json.loads(schema_text("social_event")))
+    decode = compile_reader(json.loads(schema_text("social_event")), millis=True, offset=5,
+                            as_tuple=True)  # fmt: skip
     assert decode is not None
     assert decode(buf.getvalue()) == tuple(rec[name] for name in FIELDS)
 

@@ -17,9 +17,10 @@ run (a delivery ~14 µs with fastavro, ~9 with this; a delivery event ~9.5 and ~
 
 Timestamps (timestamp-millis) come back as aware UTC datetimes, or with `millis=True` as the
 epoch milliseconds on the wire; `as_tuple=True` returns the field values in order instead of a
-dict (the digest job's social events, dataflows/digest_decode.py). Supported types: null, boolean, int, long, float, double,
-string, bytes, records (named ones referenced again by name too), arrays, maps, and unions of
-null with one other type; for any other schema `compile_reader` returns None.
+dict (the digest job's social events, dataflows/digest_decode.py). Supported types: null,
+boolean, int, long, float, double, string, bytes, records (named ones referenced again by name
+too), arrays, maps, and unions of null with one other type; for any other schema
+`compile_reader` returns None.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ import struct
 from typing import Any
 
 import pytest
-from fastavro import schemaless_reader
+from fastavro import parse_schema, schemaless_reader, schemaless_writer
 
 from schemas import load_schema, schema_names, schema_text
 from schemas.avro_reader import REFUSED, compile_reader
@@ -50,11 +50,10 @@ def test_every_damaged_record_is_refused_or_read_as_fastavro_reads_it(name: str)
             flipped[rng.randrange(len(body))] ^= 1 << rng.randrange(8)
             damaged.append(bytes(flipped))
         for bad in damaged:
+            buf = io.BytesIO(bad)
             try:
-                expected = fastavro_record(name, bad)
-                buf = io.BytesIO(bad)
-                schemaless_reader(buf, load_schema(name), None)
-                whole = buf.tell() == len(bad)
+                expected = schemaless_reader(buf, load_schema(name), None)
+                whole = buf.tell() == len(bad)  # fastavro leaves trailing bytes unread
             except Exception:  # noqa: BLE001 - fastavro raises assorted errors on garbage
                 expected, whole = None, False
             try:
@@ -73,8 +72,6 @@ def test_timestamps_before_1970_and_far_ahead_are_exact() -> None:
     for ms in (-1, -86_400_001, 0, 1, 1_764_960_000_123, 3_999_999_999_999, 4_000_000_000_001,
                253_402_300_799_999):  # fmt: skip
         buf = io.BytesIO()
-        from fastavro import parse_schema, schemaless_writer
-
         schemaless_writer(buf, parse_schema(schema), {"at": ms})
         body = buf.getvalue()
         assert reader(body) == schemaless_reader(io.BytesIO(body), parse_schema(schema))
